@@ -1,0 +1,139 @@
+"""Public entry point: :func:`attention`.
+
+Validates the call, brings the operands to a (B, H, S, D) view without copying, picks a backend and
+returns the output in the caller's layout and dtype. Inputs are never modified.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Sequence, Union
+
+import torch
+
+from .backends import run_backend
+from .recipe import Recipe, get_recipe
+
+LAYOUTS = ("bshd", "bhsd")
+DTYPES = (torch.float16, torch.bfloat16, torch.float32)
+# MX blocks hold 32 elements (OCP MX v1.0) and the Walsh-Hadamard transform needs a power of two.
+MX_BLOCK = 32
+
+
+def supported_head_dim(recipe: Recipe, head_dim: int) -> Optional[str]:
+    """Return why ``head_dim`` cannot run ``recipe`` (``None`` when it can)."""
+    needs_blocks = recipe.qk_format.startswith("mx")
+    if needs_blocks and head_dim % MX_BLOCK:
+        return f"head dim {head_dim} is not a multiple of {MX_BLOCK} (MX blocks) for recipe {recipe.name!r}"
+    if recipe.hadamard and (head_dim & (head_dim - 1)):
+        return f"head dim {head_dim} is not a power of two (Hadamard rotation) for recipe {recipe.name!r}"
+    return None
+
+
+def _as_kv_lens(kv_lens, batch: int, s_k: int, device) -> Optional[torch.Tensor]:
+    if kv_lens is None:
+        return None
+    if not isinstance(kv_lens, torch.Tensor):
+        try:
+            kv_lens = torch.tensor(list(kv_lens), dtype=torch.int64)
+        except (TypeError, ValueError):
+            raise ValueError(f"kv_lens must be a sequence of {batch} ints or an int tensor of shape ({batch},)") from None
+    if kv_lens.dtype.is_floating_point or kv_lens.dtype == torch.bool or kv_lens.shape != (batch,):
+        raise ValueError(f"kv_lens must be an int tensor of shape ({batch},), got dtype {kv_lens.dtype} "
+                         f"shape {tuple(kv_lens.shape)}; accepted: one valid-key count per batch entry")
+    lens = kv_lens.to(device=device, dtype=torch.int64)
+    lo, hi = int(lens.min()), int(lens.max())
+    if lo < 0 or hi > s_k:
+        raise ValueError(f"kv_lens values must lie in [0, {s_k}] (the key length), got min {lo} max {hi}")
+    return lens
+
+
+def validate(q, k, v, layout: str):
+    """Check types and shapes; return ``(batch, heads, s_q, s_k, head_dim)``. One-line ValueErrors."""
+    for name, t in (("q", q), ("k", k), ("v", v)):
+        if not isinstance(t, torch.Tensor):
+            raise ValueError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
+        if t.dtype not in DTYPES:
+            raise ValueError(f"{name} has dtype {t.dtype}; accepted: float16, bfloat16, float32")
+        if t.dim() != 4:
+            raise ValueError(f"{name} must be 4-D ({layout.upper()}), got shape {tuple(t.shape)}")
+    if layout not in LAYOUTS:
+        raise ValueError(f"unknown layout {layout!r}; accepted: {', '.join(LAYOUTS)}")
+    if not (q.dtype == k.dtype == v.dtype):
+        raise ValueError(f"q, k, v dtypes differ ({q.dtype}, {k.dtype}, {v.dtype}); accepted: one dtype for all three")
+    if not (q.device == k.device == v.device):
+        raise ValueError(f"q, k, v are on different devices ({q.device}, {k.device}, {v.device})")
+    if layout == "bshd":
+        (b, s_q, h, d), (bk, s_k, hk, dk), (bv, s_v, hv, dv) = q.shape, k.shape, v.shape
+    else:
+        (b, h, s_q, d), (bk, hk, s_k, dk), (bv, hv, s_v, dv) = q.shape, k.shape, v.shape
+    if (bk, hk, dk) != (b, h, d) or (bv, hv, s_v) != (b, h, s_k) or dv != d:
+        raise ValueError(f"shapes do not match for layout {layout!r}: q {tuple(q.shape)}, k {tuple(k.shape)}, "
+                         f"v {tuple(v.shape)}; accepted: equal batch, heads and head dim, k and v of equal length")
+    if min(b, h, s_q, s_k, d) == 0:
+        raise ValueError(f"empty dimension in q {tuple(q.shape)} / k {tuple(k.shape)}; accepted: all sizes >= 1")
+    return b, h, s_q, s_k, d
+
+
+def attention(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    recipe: Union[str, Recipe] = "mxfp8",
+    *,
+    layout: str = "bshd",
+    scale: Optional[float] = None,
+    kv_lens: Optional[Union[torch.Tensor, Sequence[int]]] = None,
+    return_lse: bool = False,
+    return_stats: bool = False,
+    backend: str = "auto",
+):
+    """Fused-Softmax attention (non-causal) under ``recipe``.
+
+    Parameters
+    ----------
+    q : Tensor (B, S_q, H, D) for ``layout="bshd"`` or (B, H, S_q, D) for ``"bhsd"``
+    k, v : Tensor (B, S_k, H, D) or (B, H, S_k, D)
+        float16, bfloat16 or float32, all of one dtype and device. Any strides.
+    recipe : str or Recipe
+        A preset (``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"bf16"``, ``"exact"``) or a Recipe.
+    scale : float, optional
+        Softmax scale alpha; default ``D ** -0.5``.
+    kv_lens : int tensor (B,) or sequence of ints, optional
+        Valid keys per batch entry; keys at positions >= kv_lens[b] are ignored. A row with no valid key
+        gives zeros (and LSE = -inf).
+    return_lse : bool
+        Also return the natural-log log-sum-exp of the scaled scores, fp32 (B, H, S_q).
+    return_stats : bool
+        Also return a dict with ``rollbacks`` (row-level rollback events), ``tiles`` (query tile x key
+        tile pairs visited), ``rollback_tiles`` (pairs where any row rolled back), ``rollback_rate``.
+    backend : str
+        ``"auto"`` (Triton on CUDA sm_90+, AITER on ROCm, else the emulator), or a backend name.
+
+    Returns
+    -------
+    Tensor, or tuple
+        The output in the input layout and dtype; followed by ``lse`` and/or ``stats`` when requested.
+    """
+    recipe = get_recipe(recipe)
+    if not isinstance(layout, str):
+        raise ValueError(f"layout must be a string; accepted: {', '.join(LAYOUTS)}")
+    layout = layout.lower()
+    b, h, s_q, s_k, d = validate(q, k, v, layout)
+    why = supported_head_dim(recipe, d)
+    if why is not None:
+        raise ValueError(f"{why}; accepted: multiples of {MX_BLOCK} that are powers of two (e.g. 64, 128)")
+    if scale is None:
+        scale = 1.0 / math.sqrt(d)
+    scale = float(scale)
+    if not math.isfinite(scale) or scale <= 0:
+        raise ValueError(f"scale must be a positive finite float, got {scale}")
+    lens = _as_kv_lens(kv_lens, b, s_k, q.device)
+    if layout == "bshd":  # views, no copies
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    out, lse, stats = run_backend(backend, q, k, v, recipe, scale=scale, kv_lens=lens,
+                                  return_lse=return_lse, return_stats=return_stats)
+    if layout == "bshd":
+        out = out.transpose(1, 2)
+    extras = ([lse] if return_lse else []) + ([stats] if return_stats else [])
+    return (out, *extras) if extras else out

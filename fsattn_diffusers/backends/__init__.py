@@ -1,0 +1,90 @@
+"""Backend registry and per-call selection with one-time fallback warnings.
+
+A backend is a function ``fn(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats)`` taking
+(B, H, S, D) views (any strides) and returning ``(out (B, H, S_q, D) in q's dtype, lse or None,
+stats or None)``. Each backend also says whether it is usable here (``available() -> str | None``,
+the reason when not) and whether it can take one particular call (``unsupported(...) -> str | None``).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from typing import Callable, Dict, List, Optional
+
+import torch
+
+
+@dataclass
+class Backend:
+    name: str
+    fn: Callable
+    available: Callable[[torch.device], Optional[str]]
+    unsupported: Callable[..., Optional[str]]
+    slow: bool = False
+
+
+_REGISTRY: Dict[str, Backend] = {}
+#: Order tried by ``backend="auto"``; the emulator runs everywhere and closes the list.
+AUTO_ORDER: List[str] = ["triton", "aiter", "emulator"]
+_WARNED: set = set()
+
+
+def register_backend(backend: Backend) -> None:
+    """Add or replace a backend (used by the emulator, the Triton kernel and the AITER adapter)."""
+    _REGISTRY[backend.name] = backend
+
+
+def _ensure_loaded() -> None:
+    # Imported lazily so that importing the package never needs triton or aiter.
+    from . import emulator_backend  # noqa: F401
+    from . import triton_backend  # noqa: F401
+    from . import aiter_backend  # noqa: F401
+
+
+def registered() -> Dict[str, Backend]:
+    _ensure_loaded()
+    return dict(_REGISTRY)
+
+
+def warn_once(key: str, message: str) -> None:
+    """Emit ``message`` as a RuntimeWarning once per process for ``key``."""
+    if key not in _WARNED:
+        _WARNED.add(key)
+        warnings.warn(message, RuntimeWarning, stacklevel=3)
+
+
+def availability(device: torch.device) -> Dict[str, Optional[str]]:
+    """Map each backend name to ``None`` (usable on ``device``) or the reason it is not."""
+    return {name: be.available(device) for name, be in registered().items()}
+
+
+def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+    """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning."""
+    backends = registered()
+    if name == "auto":
+        candidates = [n for n in AUTO_ORDER if n in backends]
+    elif name in backends:
+        candidates = [name] + [n for n in AUTO_ORDER if n in backends and n != name]
+    else:
+        raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(sorted(backends))}")
+    reasons, notable = [], []
+    for cand in candidates:
+        be = backends[cand]
+        missing = be.available(q.device)
+        why = missing or be.unsupported(q, k, v, recipe, kv_lens=kv_lens, return_lse=return_lse)
+        if why is not None:
+            reasons.append(f"{cand}: {why}")
+            # A backend absent from this machine is normal under "auto"; one that is here but cannot
+            # take this call (or one the caller asked for by name) is worth a warning.
+            if missing is None or cand == name:
+                notable.append(f"{cand}: {why}")
+            continue
+        if notable:
+            warn_once(f"fallback:{cand}:{';'.join(notable)}",
+                      f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
+        if be.slow:
+            warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
+        return be.fn(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
+                     return_stats=return_stats)
+    raise RuntimeError(f"no fsattn backend can run this call ({'; '.join(reasons)})")

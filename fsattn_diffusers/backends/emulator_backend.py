@@ -1,0 +1,23 @@
+"""The PyTorch reference emulator as a backend: runs on any device, slowly."""
+
+from __future__ import annotations
+
+from . import Backend, register_backend
+
+
+def _available(device):
+    return None
+
+
+def _unsupported(q, k, v, recipe, *, kv_lens, return_lse):
+    return None
+
+
+def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+    from ..emulator import emulate_attention
+
+    return emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
+                             return_stats=return_stats)
+
+
+register_backend(Backend("emulator", _run, _available, _unsupported, slow=True))

@@ -1,0 +1,154 @@
+"""The numerics of one attention call, as a frozen dataclass.
+
+A :class:`Recipe` is the single description of what an attention call computes. The emulator, the
+Triton kernel, the AITER adapter and the diffusers processors all take one. The presets ``mxfp8``,
+``mxfp6`` and ``mxfp4`` are the three kernels of the paper (Table 3, Section 4); ``bf16`` is exact
+softmax on BF16 operands (the paper's BF16 reference); ``exact`` keeps every operand in FP32.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+# The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
+ROLLBACK_CAP_LOG2 = 32
+# Query-tile rows and key-tile columns of the paper's kernels (Section 3: M = 256, N = 128).
+TILE_M = 256
+TILE_N = 128
+
+QK_FORMATS = ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4")
+P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
+V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
+EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
+PROXIES = ("u32", "u16", "u8")
+SCALE_RULES = ("floor", "ceil", "round_up_175")
+NUMERICS = ("mi355x", "sm90")
+
+
+def _check_choice(field: str, value, accepted) -> None:
+    if value not in accepted:
+        raise ValueError(f"Recipe.{field}={value!r} is not supported; accepted: {', '.join(map(str, accepted))}")
+
+
+@dataclass(frozen=True)
+class Recipe:
+    """Numerics of the Fused-Softmax pipeline (paper Algorithm 1 and Table 3).
+
+    Parameters
+    ----------
+    name : str
+        A label for reports; presets use the paper's names.
+    qk_format, p_format, v_format : str
+        Operand formats of Q/K, of the probabilities P and of V. ``mxfp8``/``mxfp6``/``mxfp4`` are OCP
+        MX formats (E4M3 / E2M3 / E2M1 elements with an E8M0 scale per 32 elements, along the head dim
+        for Q/K, along the key axis for V and P). ``fp8_row`` is P in FP8 E4M3 with a power-of-two scale
+        per row and key tile; ``fp8_tensor`` is V in FP8 E4M3 with one FP32 scale per tensor; ``fp8``
+        is Q/K in FP8 E4M3 with one FP32 scale per tensor. ``bf16``/``fp32`` round to those types.
+    exponential : str
+        ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
+        ``rowmax_h15`` (seed 002: two levels per octave, {1, 1.5}·2^n, anchored at the row max).
+    proxy : str
+        Width of the Schraudolph pattern (Stage-A): ``u32`` read as FP32, ``u16`` read as BF16 (the
+        paper's choice), ``u8`` read as FP8 E4M3 (single stage).
+    frozen_max : bool
+        Freeze the row maximum from key tile 0 (Section 4.1) instead of the running maximum.
+    rollback : bool
+        Enable the rollback gate of the frozen maximum (disable only for ablation).
+    rollback_cap_log2 : int
+        Gate threshold: a score more than 2^cap above the frozen reference triggers a rollback.
+    rowsum_gemm : bool
+        Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
+        from the unquantized probabilities.
+    hadamard : bool
+        Rotate Q and K by the normalized Walsh-Hadamard transform over the head dimension.
+    tile_m, tile_n : int
+        Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
+    qk_scale_rule, v_scale_rule, p_scale_rule : str or None
+        MX shared-exponent rule. ``floor`` is OCP's floor(log2 amax) - emax_elem; ``ceil`` is
+        ceil(log2(amax / elem_max)) (torchao RCEIL); ``round_up_175`` is AITER's MXFP8 rule (amax
+        exponent rounded up when its mantissa is >= 1.75, minus 8). ``None`` takes the paper kernels'
+        rule for the format: MXFP8 ``round_up_175``, MXFP6 ``floor``, MXFP4 ``ceil``.
+    numerics : str
+        ``mi355x`` (the paper's kernels) or ``sm90`` (what our Hopper kernel computes; see
+        :mod:`fsattn_diffusers.emulator`).
+    """
+
+    name: str = "custom"
+    qk_format: str = "bf16"
+    p_format: str = "bf16"
+    v_format: str = "bf16"
+    exponential: str = "exact"
+    proxy: str = "u16"
+    frozen_max: bool = False
+    rollback: bool = True
+    rollback_cap_log2: int = ROLLBACK_CAP_LOG2
+    rowsum_gemm: bool = False
+    hadamard: bool = False
+    tile_m: int = TILE_M
+    tile_n: int = TILE_N
+    qk_scale_rule: Optional[str] = None
+    v_scale_rule: Optional[str] = None
+    p_scale_rule: Optional[str] = None
+    numerics: str = "mi355x"
+
+    def __post_init__(self) -> None:
+        _check_choice("qk_format", self.qk_format, QK_FORMATS)
+        _check_choice("p_format", self.p_format, P_FORMATS)
+        _check_choice("v_format", self.v_format, V_FORMATS)
+        _check_choice("exponential", self.exponential, EXPONENTIALS)
+        _check_choice("proxy", self.proxy, PROXIES)
+        _check_choice("numerics", self.numerics, NUMERICS)
+        for field in ("qk_scale_rule", "v_scale_rule", "p_scale_rule"):
+            value = getattr(self, field)
+            if value is not None:
+                _check_choice(field, value, SCALE_RULES)
+        if not (1 <= self.rollback_cap_log2 <= 126):
+            raise ValueError(f"Recipe.rollback_cap_log2={self.rollback_cap_log2} is out of range; accepted: 1..126")
+        for field in ("tile_m", "tile_n"):
+            value = getattr(self, field)
+            if value < 32 or value % 32:
+                raise ValueError(f"Recipe.{field}={value} is not supported; accepted: a multiple of 32, at least 32")
+
+    def replace(self, **changes) -> "Recipe":
+        """Return a copy with ``changes`` applied (``dataclasses.replace``)."""
+        return dataclasses.replace(self, **changes)
+
+    @property
+    def is_quantized(self) -> bool:
+        """True when any operand is narrower than BF16."""
+        return self.qk_format not in ("fp32", "bf16") or self.p_format not in ("fp32", "bf16") or \
+            self.v_format not in ("fp32", "bf16")
+
+
+_FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
+
+#: Named presets. ``mxfp8``/``mxfp6``/``mxfp4`` are paper Table 3 with the complete pipeline (Table 4's
+#: bold row); ``bf16`` is the conventional softmax on BF16 operands; ``exact`` keeps FP32 throughout.
+PRESETS = {
+    "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
+    "bf16": Recipe(name="bf16", qk_format="bf16", p_format="bf16", v_format="bf16"),
+    "mxfp8": Recipe(name="mxfp8", qk_format="mxfp8", p_format="fp8_row", v_format="fp8_tensor", **_FUSED),
+    "mxfp6": Recipe(name="mxfp6", qk_format="mxfp6", p_format="mxfp6", v_format="mxfp6", **_FUSED),
+    "mxfp4": Recipe(name="mxfp4", qk_format="mxfp4", p_format="mxfp6", v_format="mxfp4", **_FUSED),
+}
+
+
+def get_recipe(recipe) -> Recipe:
+    """Resolve a preset name or pass a :class:`Recipe` through.
+
+    Raises
+    ------
+    ValueError
+        For an unknown name or a value that is neither a name nor a Recipe.
+    """
+    if isinstance(recipe, Recipe):
+        return recipe
+    if isinstance(recipe, str):
+        key = recipe.strip().lower()
+        if key in PRESETS:
+            return PRESETS[key]
+        raise ValueError(f"unknown recipe {recipe!r}; accepted: {', '.join(PRESETS)} or a Recipe")
+    raise ValueError(f"recipe must be a preset name or a Recipe, got {type(recipe).__name__}; "
+                     f"accepted: {', '.join(PRESETS)} or a Recipe")
