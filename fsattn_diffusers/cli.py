@@ -1,0 +1,50 @@
+"""``fsattn`` command line: one module per subcommand under :mod:`fsattn_diffusers.commands`.
+
+Each command module exposes ``NAME``, ``HELP``, ``add_arguments(parser)`` and ``run(args) -> int``.
+User errors are raised as :class:`UsageError` and printed as one line with exit code 2.
+"""
+
+from __future__ import annotations
+
+import argparse
+import importlib
+import sys
+
+COMMANDS = ("generate", "accuracy", "info", "bench")
+
+
+class UsageError(Exception):
+    """A bad argument or input: printed as one line, exit code 2, no traceback."""
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="fsattn", description="Fused-Softmax quantized attention for video diffusion")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name in COMMANDS:
+        try:
+            mod = importlib.import_module(f"fsattn_diffusers.commands.{name}")
+        except ModuleNotFoundError as exc:
+            if exc.name != f"fsattn_diffusers.commands.{name}":
+                raise
+            continue
+        p = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
+        mod.add_arguments(p)
+        p.set_defaults(_run=mod.run)
+    return parser
+
+
+def main(argv=None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return int(args._run(args) or 0)
+    except UsageError as exc:
+        print(f"fsattn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+    except ValueError as exc:  # our validation errors are one-line ValueErrors
+        print(f"fsattn {args.command}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())
