@@ -1,0 +1,143 @@
+"""Tiled PyTorch reference of Fused-Softmax attention (paper Algorithm 1); see NUMERICS.md.
+
+The loop runs over key tiles; all query rows of a chunk are processed together (query tiles matter only
+for the rollback statistics), so no S_q x S_k matrix is ever built: the largest temporary is
+(rows of a chunk) x ``tile_n``. Runs on CPU and CUDA.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .exponent import stage_a
+from .operands import LOG2E, prepare_qk, prepare_v, stage_b
+from .recipe import Recipe
+
+LN2 = math.log(2.0)
+# Upper bound on (groups x rows x keys) elements of one score slab: ~256 MB of float32.
+_SLAB_ELEMENTS = 1 << 26
+
+
+def rollback_gate(tile_max: torch.Tensor, m: torch.Tensor, cap_log2: int) -> torch.Tensor:
+    """Rows whose peak in this key tile passes the gate: ``rowmax(X_ij) - m > cap`` (Section 4.1).
+
+    In the kernel the test reads the per-32-key block maxima of the affine coordinate; their maximum is
+    the row maximum, so the row-level test here is the same predicate.
+    """
+    return (tile_max - m) > cap_log2
+
+
+def _valid_keys(kv_lens: Optional[torch.Tensor], b: int, h: int, s_k: int, device) -> Optional[torch.Tensor]:
+    """(B*H, S_k) bool mask of valid keys, or None when every key is valid."""
+    if kv_lens is None:
+        return None
+    pos = torch.arange(s_k, device=device)
+    valid = pos[None, :] < kv_lens.to(device)[:, None]  # (B, S_k)
+    return valid[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
+
+
+def _new_stats() -> Dict[str, int]:
+    return {"rollbacks": 0, "tiles": 0, "rollback_tiles": 0}
+
+
+def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Optional[torch.Tensor],
+                  post_mult: float, recipe: Recipe, stats: Dict[str, int]):
+    """Algorithm 1 for rows ``q`` (G, R, D) against keys ``k``/``v`` (G, S_k, D), operands prepared.
+
+    Returns ``(O (G, R, D), l (G, R), m (G, R))``, unnormalized, m in base-2 units.
+    """
+    g, r, _ = q.shape
+    s_k = k.shape[1]
+    n = recipe.tile_n
+    neg_inf = torch.tensor(float("-inf"), device=q.device)
+    m = torch.full((g, r), float("-inf"), device=q.device)
+    l = torch.zeros((g, r), device=q.device)
+    o = torch.zeros((g, r, v.shape[-1]), device=q.device)
+    n_qt = -(-r // recipe.tile_m)
+    for j, k0 in enumerate(range(0, s_k, n)):
+        k1 = min(k0 + n, s_k)
+        x = torch.matmul(q, k[:, k0:k1].transpose(1, 2))
+        if post_mult != 1.0:
+            x = x * post_mult
+        vmask = None if valid is None else valid[:, None, k0:k1]
+        if vmask is not None:
+            x = torch.where(vmask, x, neg_inf)
+        tile_max = x.amax(dim=-1)
+        if valid is None:
+            stats["tiles"] += g * n_qt
+        else:
+            stats["tiles"] += int(valid[:, k0].sum()) * n_qt  # tiles a kernel visits (kv_lens-bounded)
+        if not recipe.frozen_max:
+            m_new = torch.maximum(m, tile_max)
+            rescale = torch.where(torch.isneginf(m_new), torch.ones_like(m), torch.exp2(m - m_new))
+            o, l, m = o * rescale[..., None], l * rescale, m_new
+        elif j == 0:
+            m = tile_max  # line 2: the speculative reference, frozen from here on
+        elif recipe.rollback:
+            fire = rollback_gate(tile_max, m, recipe.rollback_cap_log2)
+            if bool(fire.any()):  # rare path (lines 8-13): exact power-of-two recovery
+                delta = torch.where(fire, torch.ceil(tile_max - m), torch.zeros_like(m))
+                m = m + delta
+                down = torch.exp2(-delta)
+                o, l = o * down[..., None], l * down
+                stats["rollbacks"] += int(fire.sum())
+                pad = n_qt * recipe.tile_m - r
+                per_tile = torch.nn.functional.pad(fire, (0, pad)).reshape(g, n_qt, recipe.tile_m)
+                stats["rollback_tiles"] += int(per_tile.any(dim=-1).sum())
+        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
+        p = stage_a(x - m_safe[..., None], recipe.exponential, recipe.proxy)
+        if vmask is not None:
+            p = torch.where(vmask, p, torch.zeros_like(p))
+        p_hat = stage_b(p, recipe)
+        l = l + (p_hat if recipe.rowsum_gemm else p).sum(dim=-1)
+        o = o + torch.matmul(p_hat, v[:, k0:k1])
+    return o, l, m
+
+
+def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
+                      return_lse: bool = False, return_stats: bool = False
+                      ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[Dict]]:
+    """Reference Fused-Softmax attention.
+
+    Parameters
+    ----------
+    q : Tensor (B, H, S_q, D); k, v : Tensor (B, H, S_k, D) — views of any strides, never modified.
+    recipe : Recipe
+    scale : float
+        Softmax scale alpha.
+    kv_lens : int64 tensor (B,), optional
+        Valid keys per batch entry.
+
+    Returns
+    -------
+    out : Tensor (B, H, S_q, D) in q's dtype; rows without a valid key are 0.
+    lse : Tensor (B, H, S_q) float32, natural log ``ln(l) + m ln 2``, or None.
+    stats : dict with ``rollbacks``, ``tiles``, ``rollback_tiles``, ``rollback_rate``, or None.
+    """
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    valid = _valid_keys(kv_lens, b, h, s_k, q.device)
+    with torch.no_grad():
+        qo, post = prepare_qk(q, recipe, scale * LOG2E)
+        ko, _ = prepare_qk(k, recipe, 1.0)
+        vmask = None if valid is None else valid.reshape(b, h, s_k)[..., None]
+        vo = prepare_v(v, recipe, vmask)
+        qo, ko, vo = (t.reshape(b * h, t.shape[2], d) for t in (qo, ko, vo))
+        stats = _new_stats()
+        # Chunk the rows (in whole query tiles) so one score slab stays bounded.
+        rows = max(recipe.tile_m, (_SLAB_ELEMENTS // max(1, b * h * recipe.tile_n)) // recipe.tile_m * recipe.tile_m)
+        outs, lses = [], []
+        for r0 in range(0, s_q, rows):
+            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, recipe, stats)
+            outs.append(torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]))
+            if return_lse:
+                lses.append(torch.log(l) + m * LN2)
+        out = torch.cat(outs, dim=1).reshape(b, h, s_q, d).to(q.dtype)
+        lse = torch.cat(lses, dim=1).reshape(b, h, s_q) if return_lse else None
+    if return_stats:
+        stats["rollback_rate"] = stats["rollback_tiles"] / max(1, stats["tiles"])
+        return out, lse, stats
+    return out, lse, None

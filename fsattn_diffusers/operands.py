@@ -1,0 +1,108 @@
+"""The pre-pass and Stage-B: operands of the two GEMMs in each recipe's formats (paper Table 3).
+
+Everything returns float32 tensors whose values are exactly the quantized operands (dequantized), so the
+emulator's GEMMs are plain float32 matrix products of the values the hardware multiplies.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Tuple
+
+import torch
+
+from .formats import (DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, MX_BLOCK, MX_ELEMENT, fake_quantize_fp8_tensor,
+                      fake_quantize_mx, round_to_bf16)
+from .hadamard import fwht_unnormalized
+from .recipe import Recipe
+
+LOG2E = 1.0 / math.log(2.0)
+
+
+def scale_rule(recipe: Recipe, operand: str, fmt_name: str) -> str:
+    """The shared-exponent rule of ``operand`` (``qk``, ``v`` or ``p``) for MX format ``fmt_name``."""
+    explicit = getattr(recipe, f"{operand}_scale_rule")
+    if explicit is not None:
+        return explicit
+    return DEFAULT_SCALE_RULE[fmt_name]
+
+
+def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> Tuple[torch.Tensor, float]:
+    """Pre-pass of Q (``multiplier = alpha * log2 e``) or K (``multiplier = 1``).
+
+    Parameters
+    ----------
+    x : Tensor (B, H, S, D), any float dtype and strides.
+
+    Returns
+    -------
+    operand : Tensor (B, H, S, D) float32, the values the score GEMM multiplies.
+    post_multiplier : float
+        Factor applied to the FP32 scores afterwards. Quantized formats fold the multiplier into the
+        operand before quantization (paper Algorithm 1: ``(alpha log2 e) Q_i`` is quantized), so 1.0;
+        ``fp32``/``bf16`` keep the operand as given and scale the scores, as a BF16 kernel does.
+    """
+    fmt = recipe.qk_format
+    d = x.shape[-1]
+    rsqrt_d = 1.0 / math.sqrt(d)
+    if fmt in ("fp32", "bf16"):
+        y = x.to(torch.float32)
+        if fmt == "bf16":
+            y = round_to_bf16(y)
+        if recipe.hadamard:
+            y = fwht_unnormalized(y) * rsqrt_d
+        return y, multiplier
+    # AITER mha_v4_quant.cu: MXFP8 rounds the rotation to BF16 and then the scaled value again; the
+    # MXFP6/MXFP4 (and per-tensor FP8) paths round rotate * rsqrt(d) * multiplier once.
+    y = round_to_bf16(x.to(torch.float32))
+    if recipe.hadamard:
+        y = fwht_unnormalized(y)
+        y = round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier) if fmt == "mxfp8" else \
+            round_to_bf16(y * rsqrt_d * multiplier)
+    else:
+        y = round_to_bf16(y * multiplier)
+    if fmt == "fp8":
+        return fake_quantize_fp8_tensor(y), 1.0
+    elem = MX_ELEMENT[fmt]
+    return fake_quantize_mx(y, elem, axis=-1, rule=scale_rule(recipe, "qk", fmt)), 1.0
+
+
+def prepare_v(v: torch.Tensor, recipe: Recipe, valid: torch.Tensor = None) -> torch.Tensor:
+    """V operand (B, H, S_k, D) float32. MX blocks run along the key axis (32 keys per channel).
+
+    ``valid`` (B, 1, S_k, 1) bool, optional: padded keys are zeroed before quantization so they
+    cannot move a block's or the tensor's scale.
+    """
+    y = v.to(torch.float32)
+    if valid is not None:
+        y = torch.where(valid, y, torch.zeros_like(y))
+    fmt = recipe.v_format
+    if fmt == "fp32":
+        return y
+    y = round_to_bf16(y)
+    if fmt == "bf16":
+        return y
+    if fmt == "fp8_tensor":
+        return fake_quantize_fp8_tensor(y)
+    return fake_quantize_mx(y, MX_ELEMENT[fmt], axis=-2, rule=scale_rule(recipe, "v", fmt))
+
+
+_P_ELEMENT = {"fp8_row": E4M3, "mxfp6": E2M3, "mxfp4": E2M1}
+
+
+def stage_b(p: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """Stage-B: the Stage-A probabilities (..., rows, keys of one key tile) in the P format.
+
+    ``fp8_row``: one power-of-two scale per row over the whole key tile (rule ``round_up_175`` by
+    default); ``mxfp6``/``mxfp4``: E8M0 scale per 32 keys (``floor``/``ceil``). The scales come from
+    the block maxima of P (the same maxima the gate reads, paper Section 4.2).
+    """
+    fmt = recipe.p_format
+    if fmt == "fp32":
+        return p
+    if fmt == "bf16":
+        return round_to_bf16(p)
+    elem = _P_ELEMENT[fmt]
+    rule = recipe.p_scale_rule or ("round_up_175" if fmt == "fp8_row" else DEFAULT_SCALE_RULE[fmt])
+    block = recipe.tile_n if fmt == "fp8_row" else MX_BLOCK
+    return fake_quantize_mx(p, elem, axis=-1, rule=rule, block=block)
