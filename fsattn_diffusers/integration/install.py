@@ -1,0 +1,171 @@
+"""``apply`` / ``remove``: install fsattn on the self-attention of every transformer of a pipeline.
+
+Self-attention means ``attn1`` of each ``WanTransformerBlock`` (Wan2.1, Wan2.2: ``transformer`` and
+``transformer_2``) and the joint attention of HunyuanVideo's dual- and single-stream blocks. Wan's
+cross-attention (``attn2``) and HunyuanVideo's token refiner keep their stock processors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Dict, List, Optional, Tuple
+
+import torch
+
+from .policy import Policy, describe, get_policy
+from .processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
+from .tracker import CallRecord, StepTracker
+
+_HANDLE_ATTR = "_fsattn_handle"
+
+
+def _processor_class_for(module) -> Optional[type]:
+    """The fsattn processor class for a self-attention module we support, else ``None``."""
+    from diffusers.models.transformers.transformer_hunyuan_video import HunyuanVideoAttnProcessor2_0
+    from diffusers.models.transformers.transformer_wan import WanAttention
+
+    if isinstance(module, WanAttention):
+        return None if module.is_cross_attention else WanFSAttnProcessor
+    proc = getattr(module, "processor", None)
+    if isinstance(proc, (HunyuanVideoAttnProcessor2_0, HunyuanVideoFSAttnProcessor)):
+        return HunyuanVideoFSAttnProcessor
+    return None
+
+
+def self_attention_modules(model: torch.nn.Module) -> List[Tuple[str, torch.nn.Module, type]]:
+    """``(name, module, fsattn processor class)`` for every supported self-attention of ``model``."""
+    found = []
+    for name, module in model.named_modules():
+        cls = _processor_class_for(module)
+        if cls is not None:
+            found.append((name, module, cls))
+    return found
+
+
+def _transformers_of(pipe) -> List[Tuple[str, torch.nn.Module]]:
+    if isinstance(pipe, torch.nn.Module):  # a bare transformer
+        return [("transformer", pipe)]
+    components = getattr(pipe, "components", None)
+    if not isinstance(components, dict):
+        raise ValueError(f"apply() needs a diffusers pipeline or transformer, got {type(pipe).__name__}")
+    return [(name, comp) for name, comp in sorted(components.items()) if isinstance(comp, torch.nn.Module)]
+
+
+@dataclass
+class FSAttnHandle:
+    """What :func:`apply` installed; ``records`` holds the per-call records of the latest run."""
+
+    policy: Policy
+    backend: str
+    tracker: StepTracker
+    #: transformer name -> [(module name, module, stock processor)]
+    saved: Dict[str, List[Tuple[str, torch.nn.Module, object]]] = field(default_factory=dict)
+
+    @property
+    def records(self) -> List[CallRecord]:
+        return self.tracker.records
+
+    @property
+    def num_layers(self) -> int:
+        return sum(len(v) for v in self.saved.values())
+
+    def summary(self) -> List[str]:
+        """Per-step lines (consecutive equal steps merged) of what the latest run used."""
+        return step_summary(self.records)
+
+    def plan(self, num_steps: int) -> List[str]:
+        """The policy's entry names per step for ``num_steps`` steps."""
+        return self.policy.plan_names(num_steps)
+
+
+def step_summary(records: List[CallRecord]) -> List[str]:
+    """Compact per-step summary: ``steps 0-2: mxfp6 (transformer) 8 calls/step``."""
+    per_step: Dict[int, dict] = {}
+    for r in records:
+        s = per_step.setdefault(r.step, {"recipes": {}, "models": [], "calls": 0, "notes": set()})
+        s["recipes"][r.recipe] = s["recipes"].get(r.recipe, 0) + 1
+        if r.transformer not in s["models"]:
+            s["models"].append(r.transformer)
+        s["calls"] += 1
+        if r.note:
+            s["notes"].add(r.note)
+    runs: List[list] = []
+    for step in sorted(per_step):
+        s = per_step[step]
+        key = (tuple(sorted(s["recipes"])), tuple(s["models"]), s["calls"], tuple(sorted(s["notes"])))
+        if runs and runs[-1][2] == key and runs[-1][1] == step - 1:
+            runs[-1][1] = step
+        else:
+            runs.append([step, step, key])
+    lines = []
+    for first, last, (recipes, models, calls, notes) in runs:
+        steps = f"step  {first}" if first == last else f"steps {first}-{last}"
+        text = f"{steps}: {'+'.join(recipes)} ({', '.join(str(m) for m in models)}) {calls} attention calls/step"
+        if notes:
+            text += f" [fallback: {'; '.join(notes)}]"
+        lines.append(text)
+    return lines
+
+
+def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) -> FSAttnHandle:
+    """Install fsattn processors on the self-attention of every transformer of ``pipe``.
+
+    Parameters
+    ----------
+    pipe : DiffusionPipeline or transformer model
+        A Wan2.1 / Wan2.2 / HunyuanVideo pipeline (every transformer, e.g. ``transformer`` and
+        ``transformer_2``), or one such transformer.
+    policy : str, Recipe, mapping or Policy
+        ``"bf16"``, ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"hybrid"``, a schedule string
+        ``"mxfp6:3,mxfp4:14,mxfp6:3"`` or ``{"ends": ..., "middle": ..., "n_ends": ...}``.
+    backend : str
+        Passed to :func:`fsattn_diffusers.attention` on every call (``"auto"`` picks per call).
+    record : bool
+        Keep a per-call record of the recipe used (``handle.records``; cleared at each run).
+
+    Returns
+    -------
+    FSAttnHandle
+        Also stored on ``pipe``; :func:`remove` restores the stock processors. Applying again
+        replaces the previous installation.
+    """
+    policy = get_policy(policy)
+    remove(pipe)
+    tracker = StepTracker(record=record)
+    handle = FSAttnHandle(policy=policy, backend=backend, tracker=tracker)
+    followed = []
+    for tname, model in _transformers_of(pipe):
+        targets = self_attention_modules(model)
+        if not targets:
+            continue
+        handle.saved[tname] = [(name, module, module.processor) for name, module, _ in targets]
+        for name, module, cls in targets:
+            module.set_processor(cls(policy, backend=backend, tracker=tracker, layer=f"{tname}.{name}"))
+        followed.append((tname, model))
+    if not followed:
+        raise ValueError(f"no Wan or HunyuanVideo self-attention found in {type(pipe).__name__}; accepted: "
+                         f"WanPipeline (Wan2.1, Wan2.2), HunyuanVideoPipeline or their transformers")
+    if isinstance(pipe, torch.nn.Module):
+        tracker.attach_transformer(pipe, followed[0][0])
+    else:
+        tracker.attach_pipeline(pipe, followed)
+    object.__setattr__(pipe, _HANDLE_ATTR, handle)
+    return handle
+
+
+def remove(pipe) -> bool:
+    """Restore the processors that :func:`apply` replaced. Returns False when nothing was installed."""
+    handle = getattr(pipe, _HANDLE_ATTR, None)
+    if handle is None:
+        return False
+    for entries in handle.saved.values():
+        for _, module, stock in entries:
+            module.set_processor(stock)
+    handle.tracker.detach()
+    object.__delattr__(pipe, _HANDLE_ATTR)
+    return True
+
+
+def installed(pipe) -> Optional[FSAttnHandle]:
+    """The handle of the current installation on ``pipe`` (``None`` when none)."""
+    return getattr(pipe, _HANDLE_ATTR, None)

@@ -1,0 +1,244 @@
+"""Which attention numerics each denoising step uses.
+
+A policy maps ``(step, num_steps)`` to a :class:`~fsattn_diffusers.recipe.Recipe`, or to ``None``
+meaning *the stock diffusers attention* (the ``bf16`` entry: bit-identical to not installing anything).
+
+Accepted specifications (:func:`get_policy`):
+
+* ``"bf16"`` (alias ``"stock"``): stock attention on every step.
+* ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"exact"``: that fsattn preset on every step.
+* ``"hybrid"``: paper Section 5.3, MXFP6 on the first and last 3 of 20 steps and MXFP4 in between,
+  the number of end steps scaled to other step counts (:class:`EndsPolicy`).
+* a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"``: segments in step order for the reference length
+  (the sum), scaled proportionally to other step counts (:class:`SchedulePolicy`).
+* a mapping ``{"ends": "bf16", "middle": "mxfp4", "n_ends": 2}`` (optional ``reference_steps``).
+* a :class:`Recipe`, or a :class:`Policy`.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import List, Mapping, Optional, Sequence, Tuple, Union
+
+from ..recipe import PRESETS, Recipe, get_recipe
+
+#: Policy entry names that mean "the stock diffusers attention".
+STOCK_NAMES = ("bf16", "stock")
+#: Paper Section 5.3: MXFP6 on the first and last 3 of 20 denoising steps, MXFP4 in between.
+HYBRID_ENDS, HYBRID_MIDDLE, HYBRID_N_ENDS, HYBRID_REFERENCE_STEPS = "mxfp6", "mxfp4", 3, 20
+
+Entry = Optional[Recipe]  # None = stock attention
+_ENDS_KEYS = ("ends", "middle", "n_ends", "reference_steps")
+
+
+def entry_name(entry: Entry) -> str:
+    """Readable name of a policy entry: ``"bf16"`` for stock attention, else the recipe's name."""
+    return "bf16" if entry is None else entry.name
+
+
+def _accepted() -> str:
+    names = ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"]
+    return f"{', '.join(names)}, a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3', or {{ends, middle, n_ends}}"
+
+
+def parse_entry(spec) -> Entry:
+    """Resolve one schedule entry: a stock name, a preset name or a Recipe."""
+    if spec is None:
+        return None
+    if isinstance(spec, str) and spec.strip().lower() in STOCK_NAMES:
+        return None
+    try:
+        return get_recipe(spec)
+    except ValueError:
+        raise ValueError(f"unknown policy entry {spec!r}; accepted: bf16 (stock attention), "
+                         f"{', '.join(n for n in PRESETS if n != 'bf16')} or a Recipe") from None
+
+
+def _round_half_up(x: float) -> int:
+    return int(math.floor(x + 0.5))
+
+
+class Policy:
+    """Base class: subclasses implement :meth:`schedule` for a known number of steps."""
+
+    name = "policy"
+    #: Steps assumed when the number of steps is unknown (no scheduler seen).
+    reference_steps: Optional[int] = None
+
+    def schedule(self, num_steps: int) -> List[Entry]:
+        """One entry per step for a run of ``num_steps`` steps."""
+        raise NotImplementedError
+
+    @property
+    def is_fixed(self) -> bool:
+        """True when every step uses the same entry (no step tracking needed)."""
+        return False
+
+    def entry_at(self, step: int, num_steps: Optional[int]) -> Entry:
+        """Entry of step ``step`` (0-based) in a run of ``num_steps`` steps (``None``: unknown)."""
+        n = num_steps if num_steps else (self.reference_steps or step + 1)
+        plan = self._cached(max(n, 1))
+        return plan[min(max(step, 0), len(plan) - 1)]
+
+    def _cached(self, n: int) -> List[Entry]:
+        cache = self.__dict__.setdefault("_plans", {})
+        if n not in cache:
+            cache[n] = self.schedule(n)
+        return cache[n]
+
+    def plan_names(self, num_steps: int) -> List[str]:
+        """Entry names per step, for summaries and tests."""
+        return [entry_name(e) for e in self.schedule(num_steps)]
+
+    def __repr__(self) -> str:
+        return f"<{type(self).__name__} {self.name}>"
+
+
+class FixedPolicy(Policy):
+    """The same entry on every step."""
+
+    def __init__(self, entry: Entry):
+        self.entry = entry
+        self.name = entry_name(entry)
+        self.reference_steps = 1
+
+    @property
+    def is_fixed(self) -> bool:
+        return True
+
+    def schedule(self, num_steps: int) -> List[Entry]:
+        return [self.entry] * num_steps
+
+
+class SchedulePolicy(Policy):
+    """Segments ``[(entry, steps), ...]`` in step order, defined for ``sum(steps)`` steps.
+
+    For another step count each segment scales proportionally (rounded half up), keeps at least one
+    step while there are enough steps, and the longest segment absorbs the rounding difference, so a
+    symmetric schedule stays symmetric.
+    """
+
+    def __init__(self, segments: Sequence[Tuple[object, int]], name: Optional[str] = None):
+        if not segments:
+            raise ValueError(f"a schedule needs at least one segment; accepted: {_accepted()}")
+        parsed = []
+        for spec, count in segments:
+            if isinstance(count, bool) or not isinstance(count, int) or count < 1:
+                raise ValueError(f"schedule segment {spec!r} has step count {count!r}; accepted: an int >= 1")
+            parsed.append((parse_entry(spec), count))
+        self.segments = parsed
+        self.reference_steps = sum(c for _, c in parsed)
+        self.name = name or ",".join(f"{entry_name(e)}:{c}" for e, c in parsed)
+
+    def counts(self, num_steps: int) -> List[int]:
+        """Steps per segment for a run of ``num_steps`` steps."""
+        ref = self.reference_steps
+        counts = [_round_half_up(c * num_steps / ref) for _, c in self.segments]
+        if num_steps >= len(counts):
+            counts = [max(c, 1) for c in counts]
+        while sum(counts) != num_steps:  # settle rounding on the longest segment
+            grow = sum(counts) < num_steps
+            floor = 1 if num_steps >= len(counts) else 0
+            candidates = [i for i, c in enumerate(counts) if grow or c > floor]
+            j = max(candidates, key=lambda i: counts[i])
+            counts[j] += 1 if grow else -1
+        return counts
+
+    def schedule(self, num_steps: int) -> List[Entry]:
+        plan: List[Entry] = []
+        for (entry, _), c in zip(self.segments, self.counts(num_steps)):
+            plan.extend([entry] * c)
+        return plan
+
+
+class EndsPolicy(Policy):
+    """``ends`` on the first and last ``n_ends`` steps, ``middle`` in between.
+
+    With ``reference_steps`` the number of end steps scales with the run:
+    ``round(n_ends * num_steps / reference_steps)``, at least 1 when ``n_ends >= 1``, and at most half
+    the run (rounded up, so a 1-step run uses ``ends``). Without it, ``n_ends`` is absolute.
+    """
+
+    def __init__(self, ends="mxfp6", middle="mxfp4", n_ends: int = HYBRID_N_ENDS,
+                 reference_steps: Optional[int] = None, name: Optional[str] = None):
+        if isinstance(n_ends, bool) or not isinstance(n_ends, int) or n_ends < 0:
+            raise ValueError(f"n_ends={n_ends!r} is not supported; accepted: an int >= 0")
+        if reference_steps is not None and (not isinstance(reference_steps, int) or reference_steps < 1):
+            raise ValueError(f"reference_steps={reference_steps!r} is not supported; accepted: an int >= 1 or None")
+        self.ends, self.middle = parse_entry(ends), parse_entry(middle)
+        self.n_ends = n_ends
+        self.reference_steps = reference_steps or (2 * n_ends + 1)
+        self._scaled = reference_steps is not None
+        self.name = name or f"ends={entry_name(self.ends)}x{n_ends},middle={entry_name(self.middle)}"
+
+    def n_end_steps(self, num_steps: int) -> int:
+        """End steps on each side for a run of ``num_steps`` steps."""
+        n = self.n_ends
+        if self._scaled:
+            n = _round_half_up(n * num_steps / self.reference_steps)
+            if self.n_ends >= 1:
+                n = max(n, 1)
+        return min(n, (num_steps + 1) // 2)
+
+    def schedule(self, num_steps: int) -> List[Entry]:
+        n = self.n_end_steps(num_steps)
+        return [self.ends if (i < n or i >= num_steps - n) else self.middle for i in range(num_steps)]
+
+
+def hybrid_policy() -> EndsPolicy:
+    """Paper Section 5.3: MXFP6 for the first and last 3 of 20 steps, MXFP4 in between, scaled."""
+    return EndsPolicy(HYBRID_ENDS, HYBRID_MIDDLE, HYBRID_N_ENDS, reference_steps=HYBRID_REFERENCE_STEPS,
+                      name="hybrid")
+
+
+def parse_schedule(text: str) -> SchedulePolicy:
+    """Parse ``"name:steps,name:steps,..."`` (e.g. ``"mxfp6:3,mxfp4:14,mxfp6:3"``)."""
+    segments = []
+    for part in text.split(","):
+        name, sep, count = part.strip().partition(":")
+        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
+            raise ValueError(f"bad schedule {text!r}: segment {part.strip()!r} is not NAME:STEPS with STEPS >= 1; "
+                             f"accepted: {_accepted()}")
+        segments.append((name.strip(), int(count)))
+    return SchedulePolicy(segments, name=text.replace(" ", ""))
+
+
+def get_policy(spec: Union[str, Recipe, Policy, Mapping, None]) -> Policy:
+    """Resolve a policy specification (see the module docstring). One-line ValueError when invalid."""
+    if isinstance(spec, Policy):
+        return spec
+    if spec is None or isinstance(spec, Recipe):
+        return FixedPolicy(parse_entry(spec))
+    if isinstance(spec, Mapping):
+        unknown = sorted(set(spec) - set(_ENDS_KEYS))
+        if unknown or not {"ends", "middle", "n_ends"} <= set(spec):
+            raise ValueError(f"bad policy mapping {dict(spec)!r}; accepted keys: ends, middle, n_ends "
+                             f"(required) and reference_steps")
+        return EndsPolicy(spec["ends"], spec["middle"], spec["n_ends"], spec.get("reference_steps"))
+    if isinstance(spec, str):
+        text = spec.strip()
+        key = text.lower()
+        if key == "hybrid":
+            return hybrid_policy()
+        if ":" in text or "," in text:
+            return parse_schedule(key)
+        if key in STOCK_NAMES or key in PRESETS:
+            return FixedPolicy(parse_entry(key))
+        raise ValueError(f"unknown policy {spec!r}; accepted: {_accepted()}")
+    raise ValueError(f"policy must be a string, Recipe, mapping or Policy, got {type(spec).__name__}; "
+                     f"accepted: {_accepted()}")
+
+
+def describe(policy: Policy, num_steps: int) -> List[Tuple[int, int, str]]:
+    """Runs of equal entries: ``[(first_step, last_step, name), ...]`` for ``num_steps`` steps."""
+    runs: List[Tuple[int, int, str]] = []
+    for i, name in enumerate(policy.plan_names(num_steps)):
+        if runs and runs[-1][2] == name:
+            runs[-1] = (runs[-1][0], i, name)
+        else:
+            runs.append((i, i, name))
+    return runs
+
+
+__all__ = ["Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
+           "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES"]
