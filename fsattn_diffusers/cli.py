@@ -46,5 +46,7 @@ def main(argv=None) -> int:
         return 2
 
 
-if __name__ == "__main__":
-    sys.exit(main())
+if __name__ == "__main__":  # run through the package module so UsageError is one class
+    from fsattn_diffusers.cli import main as _main
+
+    sys.exit(_main())

@@ -36,8 +36,8 @@ def fwht_unnormalized(x: torch.Tensor) -> torch.Tensor:
 
     Returns
     -------
-    Tensor (..., d), float32: ``x @ H_unnormalized`` with butterflies in the order of AITER's
-    reference (pairs at distance 1, 2, 4, ...), so sums of BF16 inputs are exact in float32.
+    Tensor (..., d), float32: ``x @ H_unnormalized``, butterflies over pairs at distance 1, 2, 4, ...
+    (the order of AITER's reference rotation).
     """
     d = x.shape[-1]
     _check_dim(d)
