@@ -1,0 +1,129 @@
+"""``fsattn generate``: one video with a Wan / HunyuanVideo pipeline under an fsattn policy.
+
+Without ``--model`` it builds the embedded offline smoke model (a tiny random-weight Wan2.2
+pipeline; its video is noise-like). With ``--model`` it loads a diffusers checkpoint (directory or
+Hub id) of Wan2.1, Wan2.2 or HunyuanVideo and uses that model's settings unless overridden.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+from ..cli import UsageError
+
+NAME = "generate"
+HELP = "generate a video with fsattn attention (default: an offline tiny smoke model)"
+DEFAULT_PROMPT = "a red fox running through snow, cinematic"
+DTYPES = ("auto", "float32", "bfloat16", "float16")
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt (default: %(default)r)")
+    p.add_argument("--negative-prompt", default=None, help="negative prompt (default: the model's)")
+    p.add_argument("--model", default=None,
+                   help="diffusers pipeline directory or Hub id (Wan2.1, Wan2.2, HunyuanVideo); "
+                        "default: the embedded tiny smoke model")
+    p.add_argument("--policy", default="hybrid",
+                   help="bf16 | mxfp8 | mxfp6 | mxfp4 | hybrid | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' "
+                        "(default: %(default)s)")
+    p.add_argument("--backend", default="auto", help="attention backend: auto, triton, aiter, emulator")
+    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; smoke: 20)")
+    p.add_argument("--frames", type=int, default=None, help="frames, 4k+1 (default: the model's; smoke: 17)")
+    p.add_argument("--height", type=int, default=None, help="multiple of 16 (default: the model's; smoke: 128)")
+    p.add_argument("--width", type=int, default=None, help="multiple of 16 (default: the model's; smoke: 128)")
+    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's)")
+    p.add_argument("--guidance-2", type=float, default=None,
+                   help="Wan2.2 low-noise expert guidance / HunyuanVideo true-CFG scale (default: the model's)")
+    p.add_argument("--seed", type=int, default=0, help="noise seed (default: %(default)s)")
+    p.add_argument("--fps", type=int, default=None, help="frames per second of the MP4 (default: the model's)")
+    p.add_argument("--out", default="fsattn_video.mp4", help="output MP4 path (default: %(default)s)")
+    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if present)")
+    p.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype (default: bf16 on CUDA, fp32 else)")
+    p.add_argument("--offload", action="store_true", help="enable_model_cpu_offload (saves GPU memory)")
+
+
+def _validate(args):
+    """Check every argument before anything heavy is loaded; return the resolved policy."""
+    from ..integration.policy import get_policy
+
+    try:
+        policy = get_policy(args.policy)
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
+    for name in ("height", "width"):
+        value = getattr(args, name)
+        if value is not None and (value < 16 or value % 16):
+            raise UsageError(f"--{name} {value} is not a positive multiple of 16")
+    if args.frames is not None and (args.frames < 1 or (args.frames - 1) % 4):
+        low = max(1, (args.frames - 1) // 4 * 4 + 1)
+        raise UsageError(f"--frames {args.frames} is not 4k + 1 (the VAE compresses time by 4); try {low} or {low + 4}")
+    for name in ("steps", "fps"):
+        value = getattr(args, name)
+        if value is not None and value < 1:
+            raise UsageError(f"--{name.replace('_', '-')} {value} must be >= 1")
+    if args.backend != "auto":
+        from ..backends import registered
+
+        if args.backend not in registered():
+            raise UsageError(f"unknown backend {args.backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
+    if not args.out.lower().endswith(".mp4"):
+        raise UsageError(f"--out {args.out} must end with .mp4")
+    return policy
+
+
+def _device_and_dtype(args):
+    import torch
+
+    from ..integration.runner import default_device
+
+    try:
+        device = torch.device(args.device) if args.device else default_device()
+    except RuntimeError as exc:
+        raise UsageError(f"bad --device {args.device!r} ({exc})") from None
+    dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
+    return device, dtype
+
+
+def run(args) -> int:
+    policy = _validate(args)
+    device, dtype = _device_and_dtype(args)
+    from ..integration.runner import LoadError, check_model, generate_video, load_pipeline
+    from ..integration.tiny import SMOKE_NOTE, tiny_wan22_pipeline
+    from ..pipelines.settings import TINY_WAN22, configure_scheduler, settings_for
+
+    if args.model is None:
+        print(f"fsattn generate: NOTE: {SMOKE_NOTE}", file=sys.stderr)
+        pipe, settings = tiny_wan22_pipeline(), TINY_WAN22
+        if dtype is not None:
+            pipe.to(dtype=dtype)
+    else:
+        try:
+            check_model(args.model)
+            pipe = load_pipeline(args.model, device=device, dtype=dtype)
+        except LoadError as exc:
+            raise UsageError(str(exc)) from None
+        settings = settings_for(pipe)
+        configure_scheduler(pipe, settings)
+    if args.offload:
+        pipe.enable_model_cpu_offload(device=device)
+    else:
+        pipe.to(device)
+
+    s = settings.with_overrides(height=args.height, width=args.width, num_frames=args.frames, steps=args.steps,
+                                guidance_scale=args.guidance, guidance_scale_2=args.guidance_2, fps=args.fps,
+                                negative_prompt=args.negative_prompt)
+    print(f"fsattn generate: {s.name}, {s.num_frames} frames {s.width}x{s.height}, {s.steps} steps, "
+          f"policy {policy.name}, backend {args.backend}, seed {args.seed}", file=sys.stderr)
+    result = generate_video(pipe, args.prompt, out=args.out, height=s.height, width=s.width,
+                            num_frames=s.num_frames, steps=s.steps, guidance_scale=s.guidance_scale,
+                            guidance_scale_2=s.guidance_scale_2, negative_prompt=s.negative_prompt,
+                            seed=args.seed, fps=s.fps, policy=policy, backend=args.backend)
+    print(f"wrote {os.path.abspath(result.path)} ({result.num_frames} frames {result.width}x{result.height}, "
+          f"{s.fps} fps; denoising and decoding took {result.seconds:.1f} s)")
+    print(f"per-step attention (policy {policy.name}; bf16 = stock diffusers attention):")
+    for line in result.summary:
+        print(f"  {line}")
+    if args.model is None:
+        print(f"note: {SMOKE_NOTE}")
+    return 0

@@ -1,0 +1,43 @@
+"""Command-line runner shared by the model scripts of this package."""
+
+from __future__ import annotations
+
+import argparse
+from typing import Optional, Sequence
+
+from .settings import RunSettings, configure_scheduler
+
+
+def run(settings: RunSettings, argv: Optional[Sequence[str]] = None) -> int:
+    """Parse ``argv``, load ``settings.hub_id`` (or ``--model``), generate with ``--policy``, write the MP4."""
+    parser = argparse.ArgumentParser(description=f"{settings.name} with fsattn ({settings.source} settings)")
+    parser.add_argument("--prompt", required=True)
+    parser.add_argument("--model", default=settings.hub_id, help="directory or Hub id (default: %(default)s)")
+    parser.add_argument("--policy", default="hybrid", help="bf16, mxfp8, mxfp6, mxfp4, hybrid or a schedule")
+    parser.add_argument("--backend", default="auto")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--out", default=f"{settings.name.split()[0]}.mp4")
+    parser.add_argument("--offload", action="store_true", help="enable_model_cpu_offload (less GPU memory)")
+    args = parser.parse_args(argv)
+
+    from fsattn_diffusers.integration.runner import default_device, generate_video, load_pipeline
+
+    device = default_device()
+    pipe = load_pipeline(args.model, device=device)
+    configure_scheduler(pipe, settings)
+    if args.offload:
+        pipe.enable_model_cpu_offload()
+    else:
+        pipe.to(device)
+    if hasattr(pipe.vae, "enable_tiling"):
+        pipe.vae.enable_tiling()
+    result = generate_video(pipe, args.prompt, out=args.out, height=settings.height, width=settings.width,
+                            num_frames=settings.num_frames, steps=settings.steps,
+                            guidance_scale=settings.guidance_scale, guidance_scale_2=settings.guidance_scale_2,
+                            negative_prompt=settings.negative_prompt, seed=args.seed, fps=settings.fps,
+                            policy=args.policy, backend=args.backend)
+    print(f"wrote {result.path} ({result.num_frames} frames {result.width}x{result.height}, "
+          f"{result.seconds:.1f} s)")
+    print("\n".join(result.summary))
+    return 0
+
