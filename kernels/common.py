@@ -1,0 +1,62 @@
+"""Triton helpers shared by the pre-pass and the attention kernel: powers of two by bit construction, MX
+shared exponents (formats.shared_exponent) and element rounding (formats.round_to_elem)."""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+# fp32 bit fields.
+F32_EXP_MASK = 0x7F800000
+F32_MANT_ONES = 0x007FFFFF
+# AITER's MXFP8 rule: adding 2^21 to the fp32 bits of amax carries into the exponent iff mantissa >= 1.75.
+ROUND_UP_175_ADD = 0x00200000
+# 1.5 * 2^23: adding it to |t| < 2^22 leaves round-half-even(t) in the low mantissa bits (ulp = 1).
+RNE_MAGIC = 12582912.0
+
+
+@triton.jit
+def pow2(e):
+    """2^e for an int32 tensor, built from the exponent field; e is clamped to [-126, 127]."""
+    e = tl.minimum(tl.maximum(e, -126), 127)
+    return ((e + 127) << 23).to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def shared_exp(amax, RULE: tl.constexpr, EMAX: tl.constexpr, MAXV: tl.constexpr):
+    """Unbiased E8M0 exponent (int32, clamped to [-127, 127]) of blocks with absolute maximum ``amax``.
+
+    RULE 0: round_up_175 (E4M3), 1: floor (OCP), 2: ceil (amax / MAXV rounded to fp32 first).
+    """
+    if RULE == 0:
+        bits = amax.to(tl.int32, bitcast=True)
+        biased = ((bits + 0x00200000) & 0x7F800000) >> 23
+        s = tl.where(biased == 255, 254, tl.maximum(biased - EMAX, 0)) - 127
+    elif RULE == 1:
+        bits = amax.to(tl.int32, bitcast=True)
+        s = ((bits >> 23) & 0xFF) - 127 - EMAX
+    else:
+        descale = tl.math.div_rn(amax, MAXV).to(tl.int32, bitcast=True)
+        s = (((descale + 0x007FFFFF) & 0x7F800000) >> 23) - 127
+    return tl.minimum(tl.maximum(s, -127), 127)
+
+
+@triton.jit
+def round_elem(y, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
+    """Round fp32 ``y`` to an element grid (MBITS mantissa bits, smallest normal exponent EMIN, largest
+    finite MAXV): nearest-even, saturating, subnormals kept. Same values as formats.round_to_elem."""
+    ay = tl.abs(y)
+    e = ((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
+    qexp = tl.maximum(e, EMIN) - MBITS
+    t = ay * pow2(-qexp)
+    r = (t + 12582912.0) - 12582912.0
+    val = tl.minimum(r * pow2(qexp), MAXV)
+    return tl.where(y < 0, -val, val)
+
+
+@triton.jit
+def round_bf16(x):
+    """fp32 -> nearest-even BF16 value, as fp32 (bit arithmetic; finite inputs)."""
+    bits = x.to(tl.int32, bitcast=True)
+    bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
+    return bits.to(tl.float32, bitcast=True)

@@ -1,0 +1,154 @@
+"""Fused-Softmax attention forward for NVIDIA Hopper (sm_90) in Triton: paper Algorithm 1's steady state.
+
+Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels.prepass`):
+
+1. ``acc = Q8 K8_j^T`` on FP8 tensor cores; the MX product is ``X = acc * 2^(QE + KE_j)`` (powers of two).
+2. Tile 0 (peeled) freezes ``m = ceil(128 rowmax(X)) / 128`` (Section 4.1; on the 1/128 grid so that the
+   Stage-A constant below is an exact fp32 integer).
+3. Gate (j >= 1): one FMNMX pass gives the row maxima of ``acc``; a row whose maximum passes ``m + cap``
+   fires the rare rollback branch (whole CTA): ``m += ceil(max - m)``, ``O, l *= 2^-delta``.
+4. Stage-A + Stage-B (Sections 4.2-4.3): one FMA carries the whole Schraudolph affine map, the frozen
+   maximum and P's scale: ``f = acc * 2^(QE+KE_j+7) + (1.5*2^23 + 128*(127 - eps') + 128*sigma - 128 m)``.
+   ``max(f, 1.5*2^23)`` clamps, and the low 16 bits of ``f`` are the BF16 pattern of ``P * 2^sigma``;
+   ``bits << 16`` reads them as fp32 (no exp2, no float->int conversion). The FP8 PV operand is the E4M3
+   rounding of that value (fp8_row) or of its MXFP6 quantization (mxfp6 P).
+5. ``l += rowsum`` (Stage-A values, or the quantized P through a GEMM with ones); ``O += P8 V8_j``.
+6. ``out = O * VS / l``; LSE = ``(log2 l - sigma + m) ln 2``.
+"""
+
+from __future__ import annotations
+
+import triton
+import triton.language as tl
+
+from .common import pow2, round_elem
+
+# 1.5 * 2^23: f = MAGIC + pattern keeps pattern (< 2^22) in the low mantissa bits, rounded half-even.
+MAGIC = 12582912.0
+# 128 * (127 - eps') with eps' = 7/128 = 0.0547 (paper eps = 0.05798, Section 4.2), an exact integer.
+D_BITS = 16249
+LN2 = 0.6931471805599453
+
+
+@triton.jit
+def _stage_ab(acc, s128, c, P_MX: tl.constexpr, SATURATE: tl.constexpr, BM: tl.constexpr,
+              BN: tl.constexpr, RNE_CVT: tl.constexpr):
+    """Stage-A (bit-constructed BF16 proxy of P * 2^sigma) and Stage-B (FP8 PV operand).
+
+    Returns (p8 (BM, BN) fp8, row sum (BM,) of the Stage-A values (fp8_row) or of the MXFP6 values).
+    """
+    f = acc * s128[:, None] + c[:, None]
+    f = tl.maximum(f, 12582912.0)
+    if SATURATE:  # no gate: saturate the pattern at 0xFFFF instead of wrapping
+        f = tl.minimum(f, 12582912.0 + 65535.0)
+    p = (f.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
+    if P_MX:
+        p3 = tl.reshape(p, (BM, BN // 32, 32))
+        bmax = tl.max(p3, axis=2)
+        # MXFP6 floor rule on the scaled values: floor(log2 blockmax) - 2 (E2M3 emax).
+        sb = ((bmax.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 129
+        sb = tl.maximum(sb, -127)
+        q = round_elem(p3 * pow2(-sb)[:, :, None], 3, 0, 7.5) * pow2(sb)[:, :, None]
+        p = tl.reshape(q, (BM, BN))
+    if RNE_CVT:  # the CPU interpreter's fp32->fp8 cast is not nearest-even; round first there
+        p = round_elem(p, 3, -6, 448.0)
+    return p.to(tl.float8e4nv), tl.sum(p, axis=1)
+
+
+@triton.jit
+def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, ones8, row_ok,
+          BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
+          P_MX: tl.constexpr, ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr):
+    """One steady-state key tile (lines 6-18 of Algorithm 1)."""
+    k = tl.load(k_ptrs)
+    acc = tl.dot(q, tl.trans(k))
+    e_t = qe + tl.load(KE_row + t)
+    if MASKED:
+        kidx = t * BN + tl.arange(0, BN)
+        acc = tl.where((kidx < n_keys)[None, :], acc, float("-inf"))
+    if GATE:
+        amax = tl.max(acc, axis=1)
+        fire = amax > (m + CAP) * pow2(-e_t)
+        if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13)
+            delta = tl.where(fire, tl.math.ceil(amax * pow2(e_t) - m), 0.0)
+            m = m + delta
+            c = c - 128.0 * delta
+            down = tl.exp2(-delta)
+            o = o * down[:, None]
+            l = l * down
+            nrows += tl.sum((fire & row_ok).to(tl.int32), axis=0)
+            ntiles += 1
+    p8, psum = _stage_ab(acc, pow2(e_t + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
+    if ROWSUM_DOT:
+        l += tl.max(tl.dot(p8, ones8), axis=1)
+    else:
+        l += psum
+    vt = tl.load(vt_ptrs)
+    o = tl.dot(p8, tl.trans(vt), o)
+    return o, l, m, c, nrows, ntiles
+
+
+@triton.jit
+def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
+                      sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
+                      D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_KVL: tl.constexpr,
+                      WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
+                      SIGMA: tl.constexpr, ROWSUM_DOT: tl.constexpr, NUM_STAGES: tl.constexpr,
+                      RNE_CVT: tl.constexpr):
+    pid_m = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_keys = SK
+    if HAS_KVL:
+        n_keys = tl.load(KVL + b).to(tl.int32)
+    rows = pid_m * BM + tl.arange(0, BM)
+    dcol = tl.arange(0, D)
+    kcol = tl.arange(0, BN)
+    bh64 = bh.to(tl.int64)
+    q = tl.load(Q8 + bh64 * SQP * D + rows[:, None] * D + dcol[None, :])
+    qe = tl.load(QE + bh64 * SQP + rows)
+    k_ptrs = K8 + bh64 * SKP * D + kcol[:, None] * D + dcol[None, :]
+    vt_ptrs = V8T + bh64 * D * SKP + dcol[:, None] * SKP + kcol[None, :]
+    KE_row = KE + bh * (SKP // BN)
+    row_ok = rows < SQ
+    ones8 = tl.full((BN, 16), 1.0, tl.float32).to(tl.float8e4nv)
+
+    o = tl.zeros((BM, D), tl.float32)
+    l = tl.zeros((BM,), tl.float32)
+    m = tl.full((BM,), float("-inf"), tl.float32)
+    nrows = pid_m * 0  # int32 scalars carried through the loop
+    ntiles = pid_m * 0
+    if n_keys > 0:
+        # Tile 0 (peeled): the frozen reference (line 2), then lines 15-18 as in the loop.
+        acc = tl.dot(q, tl.trans(tl.load(k_ptrs)))
+        e0 = qe + tl.load(KE_row)
+        acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
+        m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
+        c = (12582912.0 + 16249.0 + 128.0 * SIGMA) - 128.0 * m
+        p8, psum = _stage_ab(acc, pow2(e0 + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
+        if ROWSUM_DOT:
+            l += tl.max(tl.dot(p8, ones8), axis=1)
+        else:
+            l += psum
+        o = tl.dot(p8, tl.trans(tl.load(vt_ptrs)), o)
+        n_full = n_keys // BN
+        for t in tl.range(1, n_full, num_stages=NUM_STAGES):
+            o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
+                                              vt_ptrs + t * BN, KE_row, t, n_keys, ones8, row_ok, BN, False,
+                                              GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT)
+        if (n_full >= 1) & (n_full * BN < n_keys):
+            o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + n_full * BN * D,
+                                              vt_ptrs + n_full * BN, KE_row, n_full, n_keys, ones8, row_ok,
+                                              BN, True, GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT)
+    vs = tl.load(VS + bh * D + dcol)
+    inv = tl.where(l > 0, 1.0 / l, 0.0)
+    out = o * inv[:, None] * vs[None, :]
+    optr = OUT + b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + dcol[None, :] * sod
+    tl.store(optr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
+    if WRITE_LSE:
+        lse = (tl.log2(l) - SIGMA + m) * 0.6931471805599453
+        tl.store(LSE + bh64 * SQ + rows, lse, mask=row_ok)
+    if ntiles > 0:
+        tl.atomic_add(STATS, nrows)
+        tl.atomic_add(STATS + 1, ntiles)

@@ -1,0 +1,116 @@
+"""Host side of the Triton kernels: launch the pre-pass and the attention kernel, and register the whole
+call as the ``torch.library`` custom op ``fsattn::fused_attention`` (with a fake implementation, so that
+``torch.compile`` traces through it)."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .plan import KernelPlan, plan_from_key
+from .prepass import INTERPRET, KEY_TILE, padded, prepare_qk, prepare_v
+
+LOG2E = 1.0 / math.log(2.0)
+# Query rows per program and key tile of the attention kernel (the paper uses M = 256, N = 128).
+BLOCK_M = 128
+BLOCK_N = KEY_TILE
+NUM_WARPS = 8
+NUM_STAGES = 2
+
+
+def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor]):
+    """All operands for the attention kernel: ``(q8, qe, k8, ke, v8t, vs)`` (see kernels.prepass)."""
+    q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=False)
+    k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True)
+    v8t, vs = prepare_v(v, plan, kv_lens)
+    return q8, qe, k8, ke, v8t, vs
+
+
+def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
+                            kv_lens: Optional[torch.Tensor], lse: Optional[torch.Tensor],
+                            stats: torch.Tensor, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS,
+                            num_stages: int = NUM_STAGES) -> None:
+    """Launch the attention kernel on pre-pass outputs, writing ``out`` (B, H, S_q, D view, any strides)."""
+    from .fused_attention import fsattn_fwd_kernel
+
+    q8, qe, k8, ke, v8t, vs = ops
+    b, h, sqp, d = q8.shape
+    skp = k8.shape[2]
+    grid = (sqp // block_m, b * h)
+    fsattn_fwd_kernel[grid](
+        q8, qe, k8, ke, v8t, vs, out, lse if lse is not None else stats, stats,
+        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
+        P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
+        ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, num_warps=num_warps)
+
+
+def _out_like(q: torch.Tensor, out_bshd: bool) -> torch.Tensor:
+    b, h, s, d = q.shape
+    if out_bshd:
+        return torch.empty((b, s, h, d), dtype=q.dtype, device=q.device)
+    return torch.empty((b, h, s, d), dtype=q.dtype, device=q.device)
+
+
+def _lse_shape(q: torch.Tensor, return_lse: bool):
+    return (q.shape[0], q.shape[1], q.shape[2]) if return_lse else (0,)
+
+
+@torch.library.custom_op("fsattn::fused_attention", mutates_args=())
+def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor],
+                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Fused-Softmax attention on (B, H, S, D) views.
+
+    Returns
+    -------
+    out : (B, S_q, H, D) if ``out_bshd`` else (B, H, S_q, D), contiguous, q's dtype.
+    lse : (B, H, S_q) float32 natural-log LSE, or an empty (0,) tensor.
+    stats : (2,) int32: rows that rolled back, (query tile, key tile) pairs with a rollback.
+    """
+    plan = plan_from_key(plan_key)
+    out = _out_like(q, out_bshd)
+    out_view = out.transpose(1, 2) if out_bshd else out
+    lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)
+    stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
+    ops = prepass(q, k, v, plan, scale, kv_lens)
+    attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
+                            lse if return_lse else None, stats)
+    return out, lse, stats
+
+
+@fused_attention_op.register_fake
+def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd):
+    return (_out_like(q, out_bshd), torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device),
+            torch.empty((2,), dtype=torch.int32, device=q.device))
+
+
+def visited_tiles(b: int, h: int, s_q: int, s_k: int, kv_lens: Optional[torch.Tensor],
+                  block_m: int = BLOCK_M) -> int:
+    """(query tile, key tile) pairs the kernel visits (host side; syncs when kv_lens is given)."""
+    n_qt = -(-s_q // block_m)
+    if kv_lens is None:
+        return b * h * n_qt * (-(-s_k // BLOCK_N))
+    return h * n_qt * sum(-(-int(n) // BLOCK_N) for n in kv_lens.tolist())
+
+
+def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, return_lse=False,
+                    return_stats=False):
+    """Backend entry: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or None)``."""
+    out_bshd = q.stride(1) < q.stride(2)  # the caller's q is BSHD: give the output the same layout
+    if kv_lens is not None:
+        kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    out, lse, st = fused_attention_op(q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd)
+    out = out.transpose(1, 2) if out_bshd else out
+    stats = None
+    if return_stats:
+        rows, tiles_rb = (int(x) for x in st.tolist())
+        tiles = visited_tiles(q.shape[0], q.shape[1], q.shape[2], k.shape[2], kv_lens)
+        stats = {"rollbacks": rows, "tiles": tiles, "rollback_tiles": tiles_rb,
+                 "rollback_rate": tiles_rb / max(1, tiles)}
+    return out, (lse if return_lse else None), stats
+
+
+__all__ = ["fused_attention", "fused_attention_op", "prepass", "attention_from_operands", "padded"]

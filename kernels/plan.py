@@ -1,0 +1,130 @@
+"""Recipe -> kernel operand plan: the one place that maps a :class:`Recipe` to what the kernels compute.
+
+Hopper (sm_90) has FP8 E4M3 tensor cores but no MX instructions. Every MX element (E4M3, E2M3, E2M1)
+is carried in an E4M3 value scaled by ``2^(s_b - R + t0)``: ``s_b`` is the block's E8M0 exponent, ``R``
+a reference exponent shared by a whole GEMM row/column group (a query row, a key tile, a V channel), and
+``t0`` the headroom the element format leaves below E4M3's maximum 448. The GEMM result is then the MX
+product times ``2^(R_q + R_k - 2 t0)``, a power of two per row and key tile that rides in the single FMA
+of Stage-A. When the block exponents of one group are more than the exact window apart, the E4M3 value
+is the nearest-even rounding of the shifted element: the sm90 deviation that
+:mod:`fsattn_diffusers.sm90_numerics` reproduces.
+
+A backend with native MX (Triton ``tl.dot_scaled`` on Blackwell/CDNA4) would take ``elem``/``rule``
+from this plan directly and drop the carry; nothing here has been run on such hardware.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from typing import Optional
+
+# Element format codes shared by the Triton kernels.
+FMT_E4M3, FMT_E2M3, FMT_E2M1 = 0, 1, 2
+# Scale rule codes shared by the Triton kernels (formats.SCALE_RULES).
+RULE_ROUND_UP_175, RULE_FLOOR, RULE_CEIL = 0, 1, 2
+_RULES = {"round_up_175": RULE_ROUND_UP_175, "floor": RULE_FLOOR, "ceil": RULE_CEIL}
+# (mantissa bits, smallest normal exponent, largest finite value, emax) of each element format (OCP MX v1.0).
+ELEM = {
+    FMT_E4M3: (3, -6, 448.0, 8),
+    FMT_E2M3: (3, 0, 7.5, 2),
+    FMT_E2M1: (1, 0, 6.0, 2),
+}
+# Headroom t0 (doublings) an element format leaves under E4M3's 448: 7.5 * 2^5 = 240, 6 * 2^6 = 384.
+CARRY_T0 = {FMT_E4M3: 0, FMT_E2M3: 5, FMT_E2M1: 6}
+_MX_FMT = {"mxfp8": FMT_E4M3, "mxfp6": FMT_E2M3, "mxfp4": FMT_E2M1}
+_DEFAULT_RULE = {"mxfp8": "round_up_175", "mxfp6": "floor", "mxfp4": "ceil"}
+
+# sm90 Stage-B (see sm90_numerics): P carries a per-row power-of-two scale frozen with the reference m.
+# The gate keeps every P <= 2^P_HEADROOM_LOG2, so P * 2^SIGMA never passes E4M3's 448.
+P_HEADROOM_LOG2 = 4
+# fp8_row P: P * 2^4 <= 2^8 = 256 < 448 (E4M3 max), Section 4.2's per-row FP8 P with a frozen scale.
+P_SIGMA_FP8 = 8 - P_HEADROOM_LOG2
+# mxfp6 P: the E2M3 block maximum is below 8 * 2^(H-2); times 2^3 it stays under 448 (E2M3 carry t0=5).
+P_SIGMA_MXFP6 = 7 - P_HEADROOM_LOG2
+
+SUPPORTED_HEAD_DIMS = (64, 128)
+
+
+@dataclass(frozen=True)
+class KernelPlan:
+    """Constants the Triton kernels take for one recipe."""
+
+    qk_fmt: int
+    qk_rule: int
+    v_mx: bool  # False: per-tensor FP8 (fp8_tensor)
+    v_fmt: int
+    v_rule: int
+    p_mxfp6: bool  # False: per-row FP8 P
+    p_rule: int
+    p_sigma: int
+    hadamard: bool
+    gate: bool
+    gate_cap: int  # doublings above the frozen reference that fire the gate
+    rowsum_dot: bool  # row sum from the quantized P (GEMM with ones) instead of Stage-A values
+
+    def key(self) -> str:
+        """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
+        return ",".join(str(int(getattr(self, f.name))) for f in dataclasses.fields(self))
+
+    @property
+    def qk_t0(self) -> int:
+        return CARRY_T0[self.qk_fmt]
+
+    @property
+    def v_t0(self) -> int:
+        return CARRY_T0[self.v_fmt] if self.v_mx else 0
+
+
+def _rule(explicit: Optional[str], fmt_name: str) -> int:
+    return _RULES[explicit or _DEFAULT_RULE[fmt_name]]
+
+
+def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
+    """One line saying why the Triton kernel cannot run ``recipe`` at ``head_dim`` (None when it can)."""
+    if head_dim not in SUPPORTED_HEAD_DIMS:
+        return f"head dim {head_dim} (the Triton kernel takes 64 or 128)"
+    if recipe.qk_format not in _MX_FMT:
+        return f"qk_format {recipe.qk_format!r} (the Triton kernel takes mxfp8, mxfp6, mxfp4)"
+    if recipe.v_format not in ("fp8_tensor", "mxfp6", "mxfp4"):
+        return f"v_format {recipe.v_format!r} (the Triton kernel takes fp8_tensor, mxfp6, mxfp4)"
+    if recipe.p_format not in ("fp8_row", "mxfp6"):
+        return f"p_format {recipe.p_format!r} (the Triton kernel takes fp8_row, mxfp6)"
+    if recipe.exponential != "schraudolph" or recipe.proxy != "u16":
+        return f"exponential {recipe.exponential}/{recipe.proxy} (the Triton kernel is Schraudolph U16)"
+    if not recipe.frozen_max:
+        return "a running maximum (the Triton kernel freezes the maximum, Section 4.1)"
+    if recipe.p_scale_rule not in (None, "floor") and recipe.p_format == "mxfp6":
+        return f"p_scale_rule {recipe.p_scale_rule!r} for mxfp6 P (the Triton kernel uses floor)"
+    if recipe.tile_n != 128:
+        return f"tile_n {recipe.tile_n} (the Triton kernel's key tile is 128)"
+    return None
+
+
+def plan_for(recipe, rowsum_dot: bool = False) -> KernelPlan:
+    """The :class:`KernelPlan` of a supported recipe (check :func:`unsupported_reason` first)."""
+    v_mx = recipe.v_format != "fp8_tensor"
+    p_mx = recipe.p_format == "mxfp6"
+    return KernelPlan(
+        qk_fmt=_MX_FMT[recipe.qk_format],
+        qk_rule=_rule(recipe.qk_scale_rule, recipe.qk_format),
+        v_mx=v_mx,
+        v_fmt=_MX_FMT[recipe.v_format] if v_mx else FMT_E4M3,
+        v_rule=_rule(recipe.v_scale_rule, recipe.v_format) if v_mx else RULE_ROUND_UP_175,
+        p_mxfp6=p_mx,
+        p_rule=RULE_FLOOR,
+        p_sigma=P_SIGMA_MXFP6 if p_mx else P_SIGMA_FP8,
+        hadamard=recipe.hadamard,
+        gate=recipe.rollback,
+        gate_cap=min(recipe.rollback_cap_log2, P_HEADROOM_LOG2),
+        rowsum_dot=rowsum_dot,
+    )
+
+
+def plan_from_key(key: str) -> KernelPlan:
+    """Inverse of :meth:`KernelPlan.key`."""
+    fields = dataclasses.fields(KernelPlan)
+    values = [int(x) for x in key.split(",")]
+    if len(values) != len(fields):
+        raise ValueError(f"bad kernel plan key {key!r}")
+    return KernelPlan(**{f.name: (bool(x) if f.type in ("bool", bool) else x) for f, x in zip(fields, values)})

@@ -1,0 +1,198 @@
+"""Fused pre-pass (paper Section 4.4): BF16 rounding, ``alpha log2 e`` (Q), the Walsh-Hadamard rotation and
+MX quantization of Q and K in one kernel per tensor; V to per-tensor FP8 or MX along the key axis.
+
+Outputs are FP8 E4M3 tensors in the kernel's own padded layouts plus power-of-two exponents (see
+:mod:`kernels.plan` for how MX values are carried in E4M3):
+
+* Q8 (B, H, SQP, D), QE (B, H, SQP) int32: ``Q_value = Q8 * 2^QE`` per row.
+* K8 (B, H, SKP, D), KE (B, H, SKP / 128) int32: ``K_value = K8 * 2^KE`` per key tile.
+* V8T (B, H, D, SKP) (transposed: K-major for the FP8 PV GEMM), VS (B, H, D) fp32: ``V = V8T^T * VS``.
+
+Rounding follows :mod:`fsattn_diffusers.operands`: inputs to BF16; MXFP8 rounds the rotation (with
+1/sqrt(d)) to BF16 and the scaled value again; MXFP6/MXFP4 round ``rotate * rsqrt(d) * multiplier`` once.
+"""
+
+from __future__ import annotations
+
+import functools
+import math
+import os
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import pow2, round_bf16, round_elem, shared_exp
+from .plan import ELEM, KernelPlan
+
+# Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
+KEY_TILE = 128
+# Rows per pre-pass program.
+ROWS = 128
+INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
+
+
+@triton.jit
+def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, mult,
+                       D: tl.constexpr, BS: tl.constexpr, HAD: tl.constexpr, ROUND_TWICE: tl.constexpr,
+                       RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                       MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
+                       DOT_F32: tl.constexpr):
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    rows = pid_s * BS + tl.arange(0, BS)
+    cols = tl.arange(0, D)
+    ptrs = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :] * sxd
+    x = round_bf16(tl.load(ptrs, mask=rows[:, None] < S, other=0.0).to(tl.float32))
+    if HAD:
+        hm = tl.load(HM + cols[:, None] * D + cols[None, :])
+        if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
+            y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
+        else:
+            y = tl.dot(x.to(tl.bfloat16), hm)  # +-1 entries: exact products, fp32 sums
+        if ROUND_TWICE:
+            y = round_bf16(round_bf16(y * rsqrt_d) * mult)
+        else:
+            y = round_bf16((y * rsqrt_d) * mult)
+    else:
+        y = round_bf16(x * mult)
+    y3 = tl.reshape(y, (BS, D // 32, 32))
+    s = shared_exp(tl.max(tl.abs(y3), axis=2), RULE, EMAX, MAXV)  # (BS, D/32)
+    elem = round_elem(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV)
+    if TILE_REF:
+        ref = tl.max(tl.max(s, axis=1), axis=0)
+        shift = s - ref + T0
+    else:
+        ref = tl.max(s, axis=1)
+        shift = s - ref[:, None] + T0
+    # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
+    q8 = round_elem(tl.reshape(elem * pow2(shift)[:, :, None], (BS, D)), 3, -6, 448.0).to(tl.float8e4nv)
+    tl.store(OUT + bh.to(tl.int64) * SP * D + rows[:, None] * D + cols[None, :], q8)
+    if TILE_REF:
+        tl.store(OUTE + bh * (SP // BS) + pid_s, ref - T0)
+    else:
+        tl.store(OUTE + bh.to(tl.int64) * SP + rows, ref - T0)
+
+
+@triton.jit
+def _v_amax_kernel(V, svb, svh, svs, svd, KVL, AMAX, H, S,
+                   D: tl.constexpr, BS: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_KVL: tl.constexpr):
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n = S
+    if HAS_KVL:
+        n = tl.load(KVL + b).to(tl.int32)
+    rows = pid_s * BS + tl.arange(0, BS)
+    cols = tl.arange(0, D)
+    ptrs = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh + rows[:, None].to(tl.int64) * svs + cols[None, :] * svd
+    x = tl.abs(round_bf16(tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32)))
+    if PER_CHANNEL:
+        tl.atomic_max(AMAX + bh * D + cols, tl.max(x, axis=0))
+    else:
+        tl.atomic_max(AMAX, tl.max(tl.max(x, axis=1), axis=0))
+
+
+@triton.jit
+def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
+                    D: tl.constexpr, BS: tl.constexpr, MX: tl.constexpr, HAS_KVL: tl.constexpr,
+                    RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+                    MAXV: tl.constexpr, EMAX: tl.constexpr):
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n = S
+    if HAS_KVL:
+        n = tl.load(KVL + b).to(tl.int32)
+    rows = pid_s * BS + tl.arange(0, BS)
+    cols = tl.arange(0, D)
+    ptrs = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh + rows[:, None].to(tl.int64) * svs + cols[None, :] * svd
+    x = round_bf16(tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32))
+    if MX:
+        x3 = tl.reshape(x, (BS // 32, 32, D))
+        s = shared_exp(tl.max(tl.abs(x3), axis=1), RULE, EMAX, MAXV)  # (BS/32, D)
+        elem = round_elem(x3 * pow2(-s)[:, None, :], MBITS, EMIN, MAXV)
+        ref = shared_exp(tl.load(AMAX + bh * D + cols), RULE, EMAX, MAXV)  # = max over the channel's blocks
+        v8 = round_elem(tl.reshape(elem * pow2(s - ref[None, :] + T0)[:, None, :], (BS, D)), 3, -6, 448.0)
+        vs = pow2(ref - T0)
+    else:
+        amax = tl.load(AMAX)
+        scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
+        v8 = round_elem(tl.math.div_rn(x, scale), 3, -6, 448.0)
+        vs = tl.zeros((D,), tl.float32) + scale
+    tl.store(OUT + bh.to(tl.int64) * D * SP + cols[:, None] * SP + rows[None, :], tl.trans(v8.to(tl.float8e4nv)))
+    if pid_s == 0:
+        tl.store(VS + bh * D + cols, vs)
+
+
+@functools.lru_cache(maxsize=None)
+def _hadamard_pm1(d: int, dtype_name: str, device: str) -> torch.Tensor:
+    """Unnormalized Sylvester Hadamard matrix (+-1), (d, d), in BF16 on ``device``."""
+    idx = torch.arange(d)
+    overlap = idx[:, None] & idx[None, :]
+    parity = torch.zeros_like(overlap)
+    for bit in range(max(d.bit_length() - 1, 0)):
+        parity ^= (overlap >> bit) & 1
+    return (1 - 2 * parity).to(getattr(torch, dtype_name)).to(device).contiguous()
+
+
+def padded(n: int, tile: int) -> int:
+    return -(-n // tile) * tile
+
+
+def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool):
+    """Q (``tile_ref=False``, per-row exponents) or K (``tile_ref=True``, one exponent per 128 keys).
+
+    Parameters
+    ----------
+    x : Tensor (B, H, S, D), any strides, fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1).
+
+    Returns
+    -------
+    x8 : Tensor (B, H, SP, D) float8_e4m3fn, SP = S rounded up to 128, padded rows zero.
+    exps : Tensor (B, H, SP) or (B, H, SP / 128) int32.
+    """
+    b, h, s, d = x.shape
+    sp = padded(s, ROWS)
+    out = torch.empty((b, h, sp, d), dtype=torch.float8_e4m3fn, device=x.device)
+    exps = torch.empty((b, h, sp // ROWS if tile_ref else sp), dtype=torch.int32, device=x.device)
+    hm = _hadamard_pm1(d, "bfloat16", str(x.device))
+    mbits, emin, maxv, emax = ELEM[plan.qk_fmt]
+    _qk_prepass_kernel[(sp // ROWS, b * h)](
+        x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier),
+        D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
+        MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET, num_warps=8)
+    return out, exps
+
+
+def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None):
+    """V to the PV GEMM's B operand.
+
+    Parameters
+    ----------
+    v : Tensor (B, H, S_k, D), any strides. Keys at or past ``kv_lens[b]`` are zeroed first.
+
+    Returns
+    -------
+    v8t : Tensor (B, H, D, SKP) float8_e4m3fn (keys contiguous), padded keys zero.
+    vs : Tensor (B, H, D) float32, per-channel factor: V = v8t^T * vs.
+    """
+    b, h, s, d = v.shape
+    sp = padded(s, KEY_TILE)
+    amax = torch.zeros((b, h, d) if plan.v_mx else (1,), dtype=torch.float32, device=v.device)
+    has_kvl = kv_lens is not None
+    kvl = kv_lens if has_kvl else amax
+    grid = (sp // KEY_TILE, b * h)
+    _v_amax_kernel[grid](v, *v.stride(), kvl, amax, h, s, D=d, BS=KEY_TILE, PER_CHANNEL=plan.v_mx,
+                         HAS_KVL=has_kvl, num_warps=8)
+    out = torch.empty((b, h, d, sp), dtype=torch.float8_e4m3fn, device=v.device)
+    vs = torch.empty((b, h, d), dtype=torch.float32, device=v.device)
+    mbits, emin, maxv, emax = ELEM[plan.v_fmt]
+    _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=plan.v_mx,
+                          HAS_KVL=has_kvl, RULE=plan.v_rule, T0=plan.v_t0, MBITS=mbits, EMIN=emin,
+                          MAXV=maxv, EMAX=emax, num_warps=8)
+    return out, vs
