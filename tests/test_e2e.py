@@ -1,0 +1,34 @@
+"""The end-to-end latency harness on a scaled-down transformer (CPU, emulator): it runs and reports."""
+
+import pytest
+import torch
+
+from fsattn_diffusers import e2e
+
+TINY_WAN = dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=64, num_layers=1, text_dim=32)
+TINY_HUNYUAN = dict(num_attention_heads=2, attention_head_dim=64, num_layers=1, num_single_layers=1,
+                    num_refiner_layers=1, text_embed_dim=32, pooled_projection_dim=16, rope_axes_dim=(16, 24, 24))
+
+
+@pytest.mark.parametrize("make,scale", [(e2e.wan22_spec, TINY_WAN), (e2e.hunyuan_spec, TINY_HUNYUAN)])
+def test_e2e_harness_times_every_policy(make, scale):
+    spec = make(frames=5, height=64, width=64, scale=scale)
+    spec.text_tokens = 8
+    model = e2e.build_transformer(spec, "cpu", dtype=torch.float32)
+    inputs = e2e.make_inputs(spec, "cpu", dtype=torch.float32)
+    results = {p: e2e.run_policy(model, inputs, spec, p, steps=1, warmup=0, backend="emulator")
+               for p in ("bf16", "mxfp6", "mxfp4")}
+    table = e2e.summarize(results)
+    print(table)
+    assert set(table) == {"bf16", "mxfp6", "mxfp4", "hybrid"}
+    assert table["bf16"]["speedup"] == 1.0 and all(r["step_s"] > 0 for r in table.values())
+    assert results["bf16"]["rollback_rate"] is None and results["mxfp6"]["rollback_rate"] == 0.0
+    assert 0 < results["mxfp6"]["attention_share"] < 1
+    # stock processors are restored after each policy
+    assert all(type(p).__name__.endswith("Processor2_0") or "FSAttn" not in type(p).__name__
+               for p in model.attn_processors.values())
+
+
+def test_paper_shapes():
+    assert e2e.image_tokens(e2e.wan22_spec()) == 75600
+    assert e2e.image_tokens(e2e.hunyuan_spec()) == 118800
