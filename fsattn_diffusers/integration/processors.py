@@ -68,6 +68,7 @@ class _FSAttnProcessorBase:
         proc._parallel_config = self._parallel_config
         return proc
 
+    @torch.compiler.disable  # runs eagerly under torch.compile: guards see the entry, not step counters
     def _choose(self, attn) -> Entry:
         """The entry for this call (``None`` = stock) after fallbacks, recorded in the tracker."""
         step, num_steps = self.tracker.position()

@@ -112,20 +112,29 @@ def _marker_tokenizer():
     return tokenizer
 
 
-def tiny_hunyuan_video_pipeline(seed: int = SEED):
-    """A tiny ``HunyuanVideoPipeline`` (1 dual-stream, 1 single-stream block, head dim 64)."""
-    from diffusers import (AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline,
-                           HunyuanVideoTransformer3DModel)
-    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
+def tiny_hunyuan_transformer(seed: int = SEED):
+    """HunyuanVideoTransformer3DModel: 2 heads of dim 64, one dual-, one single-stream block, one
+    refiner block; text width 16, pooled text width 8, 4 latent channels, patch 1."""
+    from diffusers import HunyuanVideoTransformer3DModel
 
-    tokenizer, tokenizer_2 = _marker_tokenizer(), _word_tokenizer()
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(seed)
-        transformer = HunyuanVideoTransformer3DModel(
+        return HunyuanVideoTransformer3DModel(
             in_channels=4, out_channels=4, num_attention_heads=HEADS, attention_head_dim=HEAD_DIM, num_layers=1,
             num_single_layers=1, num_refiner_layers=1, patch_size=1, patch_size_t=1, guidance_embeds=True,
             text_embed_dim=HUNYUAN_TEXT_DIM, pooled_projection_dim=HUNYUAN_POOLED_DIM,
             rope_axes_dim=(16, 24, 24)).eval()
+
+
+def tiny_hunyuan_video_pipeline(seed: int = SEED):
+    """A tiny ``HunyuanVideoPipeline`` (1 dual-stream, 1 single-stream block, head dim 64)."""
+    from diffusers import AutoencoderKLHunyuanVideo, FlowMatchEulerDiscreteScheduler, HunyuanVideoPipeline
+    from transformers import CLIPTextConfig, CLIPTextModel, LlamaConfig, LlamaModel
+
+    tokenizer, tokenizer_2 = _marker_tokenizer(), _word_tokenizer()
+    transformer = tiny_hunyuan_transformer(seed)
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(seed + 1)
         vae = AutoencoderKLHunyuanVideo(
             in_channels=3, out_channels=3, latent_channels=4, down_block_types=("HunyuanVideoDownBlock3D",) * 4,
             up_block_types=("HunyuanVideoUpBlock3D",) * 4, block_out_channels=(8, 8, 8, 8), layers_per_block=1,

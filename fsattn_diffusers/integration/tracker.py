@@ -39,11 +39,6 @@ class CallRecord(NamedTuple):
     note: Optional[str] = None
 
 
-def _is_compiling() -> bool:
-    compiler = getattr(torch, "compiler", None)
-    return bool(compiler is not None and hasattr(compiler, "is_compiling") and compiler.is_compiling())
-
-
 def _first_timestep(args, kwargs) -> Optional[torch.Tensor]:
     t = kwargs.get("timestep")
     if t is None and len(args) > 1:
@@ -159,12 +154,13 @@ class StepTracker:
         for name, model in transformers:
             self.attach_transformer(model, name)
 
+    @torch.compiler.disable  # bookkeeping runs eagerly: no graph guards on step counters under compile
     def _on_transformer_call(self, name: str, t: Optional[torch.Tensor]) -> None:
         self.transformer = name
         pipe_sched = getattr(self._pipe, "scheduler", None) if self._pipe is not None else None
         if pipe_sched is not None and pipe_sched is not self._scheduler:
             self.attach_scheduler(pipe_sched)
-        if t is None or _is_compiling():
+        if t is None:
             return
         value = float(t.detach().flatten()[0].float().cpu())
         self.timestep = value
