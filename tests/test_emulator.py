@@ -232,3 +232,28 @@ def test_normal_inputs_never_roll_back():
     q, k, v = rand(1, 1024, 2, 128, seed=50), rand(1, 1024, 2, 128, seed=51), rand(1, 1024, 2, 128, seed=52)
     _, st = fa.attention(q, k, v, "mxfp8", return_stats=True)
     assert st["rollbacks"] == 0 and st["tiles"] == 2 * 4 * 8 and st["rollback_rate"] == 0.0
+
+
+@pytest.mark.parametrize("changes,bound", [
+    (dict(exponential="rowmax_h15"), 0.13),  # two levels per octave: up to 25% per weight
+    (dict(qk_format="fp8", p_format="fp8_row", v_format="fp8_tensor", hadamard=False), 0.08),
+    (dict(qk_format="mxfp8", p_format="mxfp4", v_format="mxfp8"), 0.30),
+    (dict(qk_scale_rule="floor", v_scale_rule="ceil", p_scale_rule="floor", p_format="mxfp6"), 0.09),
+])
+def test_other_recipe_combinations_run(changes, bound):
+    r = PRESETS["mxfp8"].replace(**changes)
+    q, k, v = rand(1, 600, 2, 128, seed=60), rand(1, 600, 2, 128, seed=61), rand(1, 600, 2, 128, seed=62)
+    err, cos = error_and_cosine(fa.attention(q, k, v, r), exact_attention(q, k, v))
+    print(f"{changes}: rel err {err:.4f} cos {cos:.5f}")
+    assert err < bound
+
+
+def test_cpu_shape_from_the_issue_runs():
+    """(1, 2, 4096, 128) on the 2-core CPU (the issue asks for well under a minute; CI logs the time)."""
+    import time
+
+    q, k, v = (rand(1, 4096, 2, 128, seed=s) for s in (70, 71, 72))
+    t0 = time.perf_counter()
+    out = fa.attention(q, k, v, "mxfp8")
+    print(f"(1, 2, 4096, 128) mxfp8 on the emulator: {time.perf_counter() - t0:.2f} s")
+    assert torch.isfinite(out).all()
