@@ -1,0 +1,259 @@
+"""``fsattn bench``: time our recipes against torch SDPA (cuDNN, flash) and SageAttention in one process.
+
+For each shape: median time of ``triton.testing.do_bench``, TFLOP/s = 4 B H S_q S_k D / t, speedup over
+SDPA-cuDNN (bf16), and the relative error and cosine against exact attention (float64 softmax) on
+sampled query rows. Our rows include the pre-pass (Hadamard + MX quantization); the pre-pass and the
+attention kernel alone are also timed separately.
+"""
+
+from __future__ import annotations
+
+import datetime
+import json
+import math
+import platform
+import sys
+from typing import Dict, List, Optional
+
+NAME = "bench"
+HELP = "time the Triton kernel against torch SDPA (cuDNN, flash) and SageAttention on a CUDA GPU"
+
+#: Named shapes (B, H, S, D): paper Table 5; Wan2.1-1.3B 480p; Wan2.2-A14B 720p; HunyuanVideo 720p 129f.
+SHAPES = {
+    "paper": (1, 24, 32768, 128),
+    "wan21": (1, 12, 32760, 128),
+    "wan22": (1, 40, 75600, 128),
+    "hunyuan": (1, 24, 119040, 128),
+}
+RECIPES = ("mxfp8", "mxfp6", "mxfp4")
+# Query rows sampled per (batch, head) for the accuracy columns.
+SAMPLE_ROWS = 256
+
+
+def add_arguments(parser) -> None:
+    parser.add_argument("--shapes", default="paper", help=f"comma list of {', '.join(SHAPES)} (default: paper)")
+    parser.add_argument("--shape", action="append", default=[], metavar="B,H,S,D",
+                        help="extra shape (repeatable); S may be S_q:S_k")
+    parser.add_argument("--recipes", default=",".join(RECIPES), help="comma list of our recipes")
+    parser.add_argument("--baselines", default="cudnn,flash,sage", help="comma list of cudnn, flash, sage")
+    parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd", help="input layout for our kernel")
+    parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
+    parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
+    parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
+
+
+def parse_shape(text: str):
+    """``B,H,S,D`` or ``B,H,Sq:Sk,D`` -> (B, H, S_q, S_k, D)."""
+    from ..cli import UsageError
+
+    parts = text.split(",")
+    if len(parts) != 4:
+        raise UsageError(f"bad --shape {text!r}; accepted: B,H,S,D or B,H,Sq:Sk,D")
+    try:
+        b, h, d = int(parts[0]), int(parts[1]), int(parts[3])
+        s_q, _, s_k = parts[2].partition(":")
+        s_q = int(s_q)
+        s_k = int(s_k) if s_k else s_q
+    except ValueError:
+        raise UsageError(f"bad --shape {text!r}; accepted: B,H,S,D or B,H,Sq:Sk,D") from None
+    if min(b, h, s_q, s_k, d) < 1:
+        raise UsageError(f"bad --shape {text!r}: sizes must be >= 1")
+    return b, h, s_q, s_k, d
+
+
+def exact_rows(q, k, v, rows, scale):
+    """Exact attention (float64 softmax on the bf16 inputs) for query rows ``rows``; (B, H, len(rows), D)."""
+    import torch
+
+    outs = []
+    for bi in range(q.shape[0]):
+        for hi in range(q.shape[1]):
+            s = (q[bi, hi, rows].double() @ k[bi, hi].double().T) * scale
+            outs.append(torch.softmax(s, dim=-1) @ v[bi, hi].double())
+    return torch.stack(outs).reshape(q.shape[0], q.shape[1], len(rows), q.shape[-1])
+
+
+def accuracy(out, ref):
+    """(relative Frobenius error, cosine similarity) of ``out`` against ``ref``."""
+    import torch
+
+    a, r = out.double().flatten(), ref.double().flatten()
+    return float((a - r).norm() / r.norm()), float(torch.nn.functional.cosine_similarity(a, r, dim=0))
+
+
+def timed(fn, warmup, rep) -> float:
+    from triton.testing import do_bench
+
+    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
+
+
+def sdpa_fn(q, k, v, backend_name: str):
+    import torch
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend_name]
+
+    def run():
+        with sdpa_kernel([backend]):
+            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
+    return run
+
+
+def sage_fn(q, k, v):
+    """SageAttention's default entry on BHSD (``tensor_layout='HND'``), or None when not installed."""
+    try:
+        from sageattention import sageattn
+    except Exception:  # noqa: BLE001 - any import failure means "not available"
+        return None
+    return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
+
+
+def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100.0, rep=500.0, seed=0,
+                log=print) -> List[Dict]:
+    """Rows of results (dicts) for one shape; random normal bf16 inputs, SDPA's default scale."""
+    import torch
+
+    from .. import attention
+    from ..backends.triton_backend import kernels_package
+
+    kernels_package()
+    from ..kernels.ops import attention_from_operands, prepass
+    from ..kernels.plan import plan_for
+    from ..recipe import get_recipe
+
+    gen = torch.Generator(device="cuda").manual_seed(seed)
+    q, k, v = (torch.randn((b, h, s, d), generator=gen, device="cuda", dtype=torch.bfloat16)
+               for s in (s_q, s_k, s_k))
+    scale = 1.0 / math.sqrt(d)
+    flops = 4.0 * b * h * s_q * s_k * d
+    rows = torch.randperm(s_q, generator=torch.Generator().manual_seed(seed))[:min(SAMPLE_ROWS, s_q)].sort().values
+    ref = exact_rows(q, k, v, rows.cuda(), scale)
+    results = []
+
+    def record(name, fn, extra=None):
+        torch.cuda.synchronize()
+        out = fn()
+        out = out[0] if isinstance(out, tuple) else out
+        err, cos = accuracy(out[:, :, rows.cuda()], ref)
+        ms = timed(fn, warmup, rep)
+        row = {"shape": [b, h, s_q, s_k, d], "method": name, "ms": ms, "tflops": flops / ms * 1e-9,
+               "rel_err": err, "cos": cos}
+        row.update(extra or {})
+        results.append(row)
+        log(f"  {name:<14} {ms:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {err:.4f} cos {cos:.5f}")
+        del out
+        return row
+
+    for name in baselines:
+        fn = sage_fn(q, k, v) if name == "sage" else sdpa_fn(q, k, v, name)
+        if fn is None:
+            log(f"  {name:<14} not installed, skipped")
+            continue
+        try:
+            record({"cudnn": "sdpa-cudnn", "flash": "sdpa-flash", "sage": "sageattention"}[name], fn)
+        except Exception as exc:  # noqa: BLE001 - report and continue with the rest
+            log(f"  {name:<14} failed: {type(exc).__name__}: {exc}")
+    qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
+    for rname in recipes:
+        recipe = get_recipe(rname)
+        plan = plan_for(recipe)
+        lay_args = dict(layout="bhsd", backend="triton")
+
+        def full(recipe=recipe):
+            return attention(qq, kk, vv, recipe, **lay_args)
+        ops = prepass(qq, kk, vv, plan, scale, None)
+        out = torch.empty_like(q)
+        stats = torch.zeros(2, dtype=torch.int32, device="cuda")
+        pre_ms = timed(lambda: prepass(qq, kk, vv, plan, scale, None), warmup, rep)
+        ker_ms = timed(lambda: attention_from_operands(ops, out, plan, s_q, s_k, None, None, stats), warmup, rep)
+        del ops
+        peak0 = torch.cuda.max_memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        base = torch.cuda.memory_allocated()
+        record(rname, full, {"prepass_ms": pre_ms, "kernel_ms": ker_ms,
+                             "kernel_tflops": flops / ker_ms * 1e-9})
+        results[-1]["peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        results[-1]["qkv_bf16_bytes"] = int(2 * b * h * (s_q + 2 * s_k) * d)
+        log(f"  {'':<14} pre-pass {pre_ms:.3f} ms, kernel {ker_ms:.3f} ms ({flops / ker_ms * 1e-9:.1f} TFLOP/s), "
+            f"peak extra {results[-1]['peak_extra_bytes'] / 2**20:.0f} MiB (Q+K+V bf16 "
+            f"{results[-1]['qkv_bf16_bytes'] / 2**20:.0f} MiB)")
+        del peak0
+    cudnn = next((r["ms"] for r in results if r["method"] == "sdpa-cudnn"), None)
+    for r in results:
+        r["speedup_vs_cudnn"] = (cudnn / r["ms"]) if cudnn else None
+    return results
+
+
+def environment() -> Dict:
+    import torch
+
+    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+           "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
+           "command": " ".join(["fsattn"] + sys.argv[1:]) if sys.argv else "fsattn bench"}
+    try:
+        import triton
+
+        env["triton"] = triton.__version__
+    except ImportError:
+        env["triton"] = None
+    if torch.cuda.is_available():
+        env["device"] = torch.cuda.get_device_name()
+        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
+        env["cudnn"] = torch.backends.cudnn.version()
+    return env
+
+
+def markdown(env: Dict, results: List[Dict]) -> str:
+    lines = [f"# fsattn bench — {env.get('device', '?')}", "",
+             f"- date: {env['date']}", f"- command: `{env['command']}`",
+             f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
+             f"python {env['python']}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
+             f"accuracy on {SAMPLE_ROWS} sampled query rows per head against float64 softmax", "",
+             "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for r in results:
+        sp = f"{r['speedup_vs_cudnn']:.2f}x" if r.get("speedup_vs_cudnn") else "-"
+        lines.append(f"| {','.join(map(str, r['shape']))} | {r['method']} | {r['ms']:.3f} | {r['tflops']:.0f} | {sp} "
+                     f"| {r['rel_err']:.4f} | {r['cos']:.5f} | {r.get('prepass_ms', float('nan')):.3f} "
+                     f"| {r.get('kernel_ms', float('nan')):.3f} |".replace("nan", "-"))
+    return "\n".join(lines) + "\n"
+
+
+def run(args) -> int:
+    import torch
+
+    from ..cli import UsageError
+
+    if not torch.cuda.is_available():
+        raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
+    shapes = []
+    for name in [s for s in args.shapes.split(",") if s]:
+        if name not in SHAPES:
+            raise UsageError(f"unknown shape {name!r}; accepted: {', '.join(SHAPES)} or --shape B,H,S,D")
+        b, h, s, d = SHAPES[name]
+        shapes.append((b, h, s, s, d))
+    shapes += [parse_shape(t) for t in args.shape]
+    recipes = [r for r in args.recipes.split(",") if r]
+    baselines = [x for x in args.baselines.split(",") if x]
+    for x in baselines:
+        if x not in ("cudnn", "flash", "sage"):
+            raise UsageError(f"unknown baseline {x!r}; accepted: cudnn, flash, sage")
+    env = environment()
+    print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
+    results = []
+    for shp in shapes:
+        print(f"shape B,H,Sq,Sk,D = {shp}")
+        results += bench_shape(*shp, recipes, baselines, layout=args.layout, warmup=args.warmup, rep=args.rep,
+                               seed=args.seed)
+        torch.cuda.empty_cache()
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"environment": env, "results": results}, f, indent=1)
+    md = markdown(env, results)
+    if args.markdown:
+        with open(args.markdown, "w") as f:
+            f.write(md)
+    print(md)
+    return 0
