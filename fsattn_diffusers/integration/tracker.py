@@ -118,8 +118,9 @@ class StepTracker:
         scheduler.set_timesteps, scheduler.step = set_timesteps, step
         self._scheduler = scheduler
         self._order = max(int(getattr(scheduler, "order", 1) or 1), 1)
-        # Attached mid-run (the pipeline's scheduler was replaced): resume from its own counters.
-        self.num_steps = self._steps_of(scheduler) or self.num_steps
+        # Attached after set_timesteps (the pipeline's scheduler was replaced): a run has begun; resume
+        # from the scheduler's own step counter.
+        self.begin_run(self._steps_of(scheduler) or self.num_steps)
         self._scheduler_calls = int(getattr(scheduler, "step_index", None) or 0)
 
     def _steps_of(self, scheduler) -> Optional[int]:
