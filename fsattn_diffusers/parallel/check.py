@@ -1,0 +1,173 @@
+"""Sharded versus one-process fsattn attention, in N processes (gloo on CPU, NCCL on GPUs).
+
+Every rank builds the same seeded q, k, v of the whole sequence, keeps its sequence shard and runs
+three sequence-parallel schemes with fsattn as the local kernel:
+
+* ``ring``: diffusers' ``TemplatedRingAttention`` (``ContextParallelConfig(ring_degree=N)``), merging
+  per-K/V-shard results by their LSE;
+* ``ulysses``: diffusers' ``TemplatedUlyssesAttention`` (``ulysses_degree=N``): all-to-all to the
+  full sequence over H/N heads, no LSE;
+* ``xdit_ring``: torch's ``_templated_ring_attention``, the ring that xDiT's ``USP`` runs, with
+  :class:`~fsattn_diffusers.parallel.XDiTAttention` as the kernel (the xDiT contract).
+
+The gathered outputs are compared with one process's call over the whole sequence, both measured
+against exact float64 attention (:func:`compare`). Run: ``python -m fsattn_diffusers.parallel.check``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+import tempfile
+from typing import Dict, List, Sequence
+
+import torch
+
+from ..accuracy import error_and_cosine
+from ..api import attention
+
+MODES = ("ring", "ulysses", "xdit_ring")
+#: Sharded error may differ from the one-process error by this fraction of it ...
+RELATIVE_TOLERANCE = 0.15
+#: ... plus this absolute floor (fp32 rounding of the merge, visible only for the ``exact`` recipe).
+ABSOLUTE_FLOOR = 1e-5
+#: (B, S, H, D): tiny, two 128-key tiles per shard with two shards, heads divisible by the shards.
+DEFAULT_SHAPE = (1, 512, 4, 64)
+SEED = 7
+
+
+def make_inputs(shape: Sequence[int] = DEFAULT_SHAPE, seed: int = SEED, device="cpu"):
+    """Seeded standard-normal q, k, v (B, S, H, D) float32; identical on every rank."""
+    g = torch.Generator().manual_seed(seed)
+    return tuple(torch.randn(*shape, generator=g).to(device) for _ in range(3))
+
+
+def _parallel_config(ring: int, ulysses: int, rank: int, world: int, device: torch.device):
+    from diffusers.models._modeling_parallel import ContextParallelConfig, ParallelConfig
+    from torch.distributed.device_mesh import init_device_mesh
+
+    cp = ContextParallelConfig(ring_degree=ring, ulysses_degree=ulysses)
+    mesh = init_device_mesh(device.type, cp.mesh_shape, mesh_dim_names=cp.mesh_dim_names)
+    config = ParallelConfig(context_parallel_config=cp)
+    config.setup(rank, world, device, mesh=mesh)
+    return config
+
+
+def _xdit_ring(q, k, v, recipe, backend):
+    """torch's templated ring over the WORLD group with the xDiT kernel contract, as xDiT's USP calls it."""
+    import torch.distributed as dist
+    from torch.distributed.tensor.experimental._attention import _cp_options, _templated_ring_attention
+
+    from .xdit_adapter import XDiTAttention
+
+    _cp_options.enable_load_balance = False  # as xDiT sets it
+    fn = XDiTAttention(recipe, fallback=lambda *a, **kw: None, backend=backend)
+    qb, kb, vb = (t.transpose(1, 2) for t in (q, k, v))  # xDiT's (B, H, S, D)
+    out, *_ = _templated_ring_attention(dist.group.WORLD, 1, fn, qb, kb, vb, dropout_p=0.0, is_causal=False,
+                                        attention_kwargs=None)
+    return out.transpose(1, 2)
+
+
+def _worker(rank: int, world: int, init_file: str, out_file: str, recipes: List[str], shape, device_type: str,
+            backend: str) -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    from .context_parallel import context_parallel_attention
+    from ..recipe import get_recipe
+
+    warnings.filterwarnings("ignore", category=FutureWarning)  # diffusers' all_gather_tensor deprecation
+    warnings.filterwarnings("ignore", message="fsattn: using the 'emulator' backend")
+    device = torch.device(device_type, rank) if device_type == "cuda" else torch.device("cpu")
+    if device_type == "cuda":
+        torch.cuda.set_device(device)
+    dist.init_process_group("nccl" if device_type == "cuda" else "gloo", init_method=f"file://{init_file}",
+                            rank=rank, world_size=world)
+    try:
+        ring_cfg = _parallel_config(world, 1, rank, world, device)
+        uly_cfg = _parallel_config(1, world, rank, world, device)
+        q, k, v = make_inputs(shape, device=device)
+        local = shape[1] // world
+        shard = [t[:, rank * local:(rank + 1) * local].contiguous() for t in (q, k, v)]
+        results: Dict[str, Dict[str, torch.Tensor]] = {}
+        with torch.no_grad():
+            for name in recipes:
+                recipe = get_recipe(name)
+                outs = {"ring": context_parallel_attention(*shard, recipe, ring_cfg, backend=backend),
+                        "ulysses": context_parallel_attention(*shard, recipe, uly_cfg, backend=backend),
+                        "xdit_ring": _xdit_ring(*shard, recipe, backend)}
+                for mode, out in outs.items():
+                    parts = [torch.empty_like(out) for _ in range(world)]
+                    dist.all_gather(parts, out.contiguous())
+                    results.setdefault(name, {})[mode] = torch.cat(parts, dim=1).cpu()
+        if rank == 0:
+            torch.save(results, out_file)
+    finally:
+        dist.destroy_process_group()
+
+
+def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, device: str = "cpu",
+                backend: str = "auto") -> Dict[str, Dict[str, torch.Tensor]]:
+    """Run every mode for every recipe in ``world`` spawned processes; ``{recipe: {mode: out (B, S, H, D)}}``."""
+    import torch.multiprocessing as mp
+
+    if shape[1] % world or shape[2] % world:
+        raise ValueError(f"shape {tuple(shape)}: sequence and heads must divide by {world} processes")
+    with tempfile.TemporaryDirectory() as tmp:
+        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
+        mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend),
+                 nprocs=world, join=True)
+        return torch.load(out_file)
+
+
+def exact_reference(q, k, v) -> torch.Tensor:
+    """float64 softmax attention on (B, S, H, D)."""
+    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
+    return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd).transpose(1, 2)
+
+
+def within_tolerance(e_sharded: float, e_single: float) -> bool:
+    """``|e_sharded - e_single| <= RELATIVE_TOLERANCE * e_single + ABSOLUTE_FLOOR``."""
+    return abs(e_sharded - e_single) <= RELATIVE_TOLERANCE * e_single + ABSOLUTE_FLOOR
+
+
+def compare(recipe: str, sharded: Dict[str, torch.Tensor], q, k, v, backend: str = "auto") -> List[Dict]:
+    """Rows ``{recipe, mode, e_single, e_sharded, max_abs_diff, ok}``; errors are global relative errors."""
+    ref = exact_reference(q, k, v)
+    single = attention(q, k, v, recipe, backend=backend)
+    e_single, _ = error_and_cosine(single, ref)
+    rows = []
+    for mode, out in sharded.items():
+        e_sharded, _ = error_and_cosine(out, ref)
+        rows.append(dict(recipe=recipe, mode=mode, e_single=e_single, e_sharded=e_sharded,
+                         max_abs_diff=(out.double() - single.double().cpu()).abs().max().item(),
+                         ok=within_tolerance(e_sharded, e_single)))
+    return rows
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--recipes", default="exact,bf16,mxfp8,mxfp6,mxfp4")
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="B,S,H,D")
+    parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
+    parser.add_argument("--backend", default="auto", help="fsattn backend (auto, emulator, triton, ...)")
+    args = parser.parse_args(argv)
+    recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
+    shape = tuple(int(x) for x in args.shape.split(","))
+    results = run_sharded(recipes, world=args.world, shape=shape, device=args.device, backend=args.backend)
+    q, k, v = make_inputs(shape, device=args.device)
+    failed = 0
+    print(f"{'recipe':8} {'mode':10} {'err one process':>15} {'err sharded':>12} {'max|diff|':>10}  ok")
+    for name in recipes:
+        for row in compare(name, results[name], q, k, v, backend=args.backend):
+            failed += not row["ok"]
+            print(f"{row['recipe']:8} {row['mode']:10} {row['e_single']:15.3e} {row['e_sharded']:12.3e} "
+                  f"{row['max_abs_diff']:10.2e}  {'yes' if row['ok'] else 'NO'}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,42 @@
+"""Two CPU processes (gloo, file init, no network): fsattn under ring and Ulysses equals one process.
+
+One spawn runs, for every recipe, diffusers' ring and Ulysses templates with fsattn's forward op and
+torch's ``_templated_ring_attention`` (the ring of xDiT's USP) with the xDiT kernel contract; see
+:mod:`fsattn_diffusers.parallel.check`. Tolerance rule, errors measured against exact float64
+attention: ``|err_sharded - err_single| <= 0.15 * err_single + 1e-5`` (the floor covers fp32 rounding of
+the merge for the ``exact`` recipe). Sharding changes numerics legitimately: each K/V shard has its own
+frozen maximum and per-tensor FP8 V scale (ring), and under Ulysses the per-tensor V scale covers the
+local heads only; the MX blocks are unchanged.
+"""
+
+import pytest
+import torch
+
+from fsattn_diffusers.parallel import check
+
+RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
+WORLD = 2
+
+
+@pytest.fixture(scope="module")
+def sharded():
+    return check.run_sharded(RECIPES, world=WORLD)
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_ring_and_ulysses_over_two_processes_equal_one_process(sharded, recipe):
+    q, k, v = check.make_inputs()
+    rows = check.compare(recipe, sharded[recipe], q, k, v)
+    for r in rows:
+        print(f"{recipe:6} {r['mode']:10} err one process {r['e_single']:.3e}  sharded {r['e_sharded']:.3e}  "
+              f"max|diff| {r['max_abs_diff']:.2e}")
+    assert sorted(r["mode"] for r in rows) == sorted(check.MODES)
+    assert all(r["ok"] for r in rows), rows
+
+
+def test_numerics_that_sharding_does_not_touch_are_bit_identical(sharded):
+    """Ulysses keeps every query row's keys on one rank: without per-tensor scales it is exact."""
+    q, k, v = check.make_inputs()
+    for recipe in ("exact", "bf16", "mxfp6", "mxfp4"):
+        single = check.attention(q, k, v, recipe)
+        assert torch.equal(sharded[recipe]["ulysses"], single), recipe
