@@ -1,0 +1,170 @@
+"""PNG figures with matplotlib's Agg canvas (no pyplot state, no display needed).
+
+* :func:`plot_quality_vs_time` — one point per policy: mean PSNR / SSIM / LPIPS against mean time per
+  denoising step (bf16, whose PSNR is infinite, is the dashed reference line).
+* :func:`plot_psnr_per_frame` — PSNR of each compared frame, one panel per prompt, one line per policy.
+* :func:`plot_frame_grid` — bf16 and each policy side by side at a few frames (paper Figure 4 style).
+* :func:`plot_rollback_heatmap` — ``fsattn capture``: rollback rate per denoising step and layer.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, List, Optional, Sequence
+
+import numpy as np
+
+#: Size of one frame-grid cell (inches) and the resolution of every figure.
+GRID_CELL_IN = 2.0
+DPI = 110
+#: Panels per row of the per-frame PSNR figure.
+PANELS_PER_ROW = 3
+
+
+def need_matplotlib():
+    """Import matplotlib's Figure (Agg canvas) or raise a one-line ImportError."""
+    try:
+        from matplotlib.backends.backend_agg import FigureCanvasAgg
+        from matplotlib.figure import Figure
+    except ImportError:
+        raise ImportError("plots need matplotlib: pip install matplotlib "
+                          "(or pip install 'fsattn-diffusers[metrics]')") from None
+    return Figure, FigureCanvasAgg
+
+
+def _figure(width: float, height: float):
+    Figure, Canvas = need_matplotlib()
+    fig = Figure(figsize=(width, height), dpi=DPI)
+    Canvas(fig)
+    return fig
+
+
+def _finite(value) -> bool:
+    return isinstance(value, (int, float)) and math.isfinite(value)
+
+
+def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) -> str:
+    """Mean quality per policy against mean seconds per denoising step."""
+    metrics = [("psnr_db", "PSNR vs bf16 (dB, higher is better)"), ("ssim", "SSIM vs bf16 (higher is better)")]
+    if lpips_available:
+        metrics.append(("lpips", "LPIPS vs bf16 (lower is better)"))
+    fig = _figure(4.2 * len(metrics), 3.6)
+    ref = next((m for m in means if m["policy"] == "bf16"), None)
+    for i, (key, title) in enumerate(metrics):
+        ax = fig.add_subplot(1, len(metrics), i + 1)
+        for m in means:
+            x, y = m.get("step_s"), m.get(key)
+            if m["policy"] == "bf16" or not (_finite(x) and _finite(y)):
+                continue
+            ax.scatter([x], [y], s=36)
+            ax.annotate(m["policy"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        if ref is not None and _finite(ref.get("step_s")):
+            ax.axvline(ref["step_s"], color="0.4", linestyle="--", linewidth=1)
+            ax.annotate("bf16 (reference)", (ref["step_s"], 0.02), xycoords=("data", "axes fraction"),
+                        rotation=90, fontsize=7, color="0.3", xytext=(3, 0), textcoords="offset points")
+        ax.set_xlabel("time per denoising step (s)")
+        ax.ticklabel_format(axis="y", useOffset=False)
+        ax.set_title(title, fontsize=9)
+        ax.grid(True, alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def plot_psnr_per_frame(curves: Dict[str, Dict[str, tuple]], path: str) -> str:
+    """``curves[prompt_id][policy] = (frame indices, PSNR values)``.
+
+    Finite values are lines; an identical frame (PSNR ``inf``) is a triangle on the top edge.
+    """
+    from matplotlib.ticker import MaxNLocator
+    from matplotlib.transforms import blended_transform_factory
+
+    panels = list(curves)
+    cols = max(1, min(PANELS_PER_ROW, len(panels)))
+    rows = max(1, math.ceil(len(panels) / cols))
+    fig = _figure(4.2 * cols, 3.2 * rows)
+    for n, pid in enumerate(panels):
+        ax = fig.add_subplot(rows, cols, n + 1)
+        top = blended_transform_factory(ax.transData, ax.transAxes)
+        for policy, (idx, values) in curves[pid].items():
+            pts = [(i, v) for i, v in zip(idx, values) if _finite(v)]
+            infs = [i for i, v in zip(idx, values) if not _finite(v)]
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=policy)[0]
+            if infs:
+                ax.plot(infs, [1.0] * len(infs), linestyle="none", marker="^", markersize=6, clip_on=False,
+                        color=line.get_color(), transform=top)
+        ax.xaxis.set_major_locator(MaxNLocator(integer=True))
+        ax.set_title(f"{pid}  (▲ on the top edge: frame identical to bf16, PSNR inf)", fontsize=8)
+        ax.set_xlabel("frame")
+        ax.set_ylabel("PSNR vs bf16 (dB)")
+        ax.grid(True, alpha=0.3)
+        ax.legend(fontsize=7)
+    if not panels:
+        fig.text(0.5, 0.5, "no video could be compared with bf16", ha="center")
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def pick_columns(indices: Sequence[int], count: int) -> List[int]:
+    """``count`` frame indices spread evenly over ``indices`` (first and last included)."""
+    if count >= len(indices):
+        return list(indices)
+    picks = np.linspace(0, len(indices) - 1, count).round().astype(int)
+    return [indices[i] for i in dict.fromkeys(picks.tolist())]
+
+
+def plot_frame_grid(rows: List[tuple], columns: Sequence[int], path: str, title: str = "") -> str:
+    """Rows ``(label, frames (len(columns), H, W, 3) uint8, captions or None)``, one column per frame."""
+    if not rows:
+        raise ValueError("a frame grid needs at least one row")
+    h, w = rows[0][1].shape[1:3]
+    cell_w = GRID_CELL_IN
+    cell_h = GRID_CELL_IN * h / w
+    fig = _figure(cell_w * len(columns) + 1.2, cell_h * len(rows) + 0.8)
+    for r, (label, frames, captions) in enumerate(rows):
+        for c, frame_index in enumerate(columns):
+            ax = fig.add_subplot(len(rows), len(columns), r * len(columns) + c + 1)
+            ax.imshow(frames[c], interpolation="nearest")
+            ax.set_xticks([])
+            ax.set_yticks([])
+            if r == 0:
+                ax.set_title(f"frame {frame_index}", fontsize=8)
+            if c == 0:
+                ax.set_ylabel(label, fontsize=8)
+            if captions is not None:
+                ax.set_xlabel(captions[c], fontsize=7)
+    if title:
+        fig.suptitle(title, fontsize=9)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def plot_rollback_heatmap(grids: Dict[str, np.ndarray], layers: List[str], steps: List[int], path: str) -> str:
+    """One heatmap per recipe: ``grids[recipe][layer, step]`` = rollback rate (NaN = no call)."""
+    names = list(grids)
+    fig = _figure(max(4.0, 0.35 * len(steps) + 2.5) * len(names), max(2.5, 0.25 * len(layers) + 1.5))
+    for n, name in enumerate(names):
+        ax = fig.add_subplot(1, len(names), n + 1)
+        data = np.ma.masked_invalid(grids[name])
+        top = float(np.nanmax(grids[name])) if np.isfinite(grids[name]).any() else 0.0
+        im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0,
+                       vmax=max(top, 1e-6))
+        ax.set_title(f"{name}: rollback rate (max {top:.3g})", fontsize=9)
+        ax.set_xlabel("denoising step")
+        ax.set_xticks(range(len(steps)))
+        ax.set_xticklabels([str(s) for s in steps], fontsize=7)
+        ax.set_yticks(range(len(layers)))
+        ax.set_yticklabels(layers if n == 0 else [""] * len(layers), fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    fig.tight_layout()
+    fig.savefig(path)
+    return path
+
+
+def caption(value: Optional[float]) -> str:
+    """A grid caption for a frame's PSNR."""
+    if value is None:
+        return ""
+    return "PSNR inf" if math.isinf(value) else f"PSNR {value:.2f} dB"
