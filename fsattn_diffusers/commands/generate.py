@@ -81,6 +81,8 @@ def _device_and_dtype(args):
         device = torch.device(args.device) if args.device else default_device()
     except RuntimeError as exc:
         raise UsageError(f"bad --device {args.device!r} ({exc})") from None
+    if args.offload and device.type == "cpu":
+        raise UsageError("--offload moves models between the CPU and a GPU; it needs --device cuda (or another GPU)")
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
     return device, dtype
 

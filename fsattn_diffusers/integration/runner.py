@@ -63,7 +63,8 @@ def check_model(model: str) -> str:
             cls = DiffusionPipeline.load_config(model).get("_class_name")
         except Exception as exc:  # no network, no such repo, no access: one line for the user
             first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
-            raise LoadError(f"cannot load {model}: no such directory, and the Hub lookup failed ({first})") from None
+            raise LoadError(f"cannot load {model}: no such directory, and the Hub lookup failed ({first}); "
+                            f"for a local copy pass its directory") from None
     if cls not in PIPELINE_TYPES:
         raise LoadError(f"unknown model type {cls!r} in {model}; accepted: {', '.join(PIPELINE_TYPES)} "
                         f"(Wan2.1, Wan2.2, HunyuanVideo)")
