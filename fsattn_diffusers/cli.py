@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("generate", "accuracy", "info", "bench", "e2e")
+COMMANDS = ("generate", "accuracy", "info", "bench", "e2e", "sweep", "capture")
 
 
 class UsageError(Exception):
