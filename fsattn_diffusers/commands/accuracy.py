@@ -23,6 +23,8 @@ def add_arguments(p) -> None:
                    help="evaluate a fixed random subset of this many query rows (all keys); default all")
     p.add_argument("--device", default="cpu", help="torch device for Table 4 (cpu, cuda, ...)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the rows as JSON to this file")
+    p.add_argument("--replay", metavar="FILE", default=None,
+                   help="rerun the attention calls saved by `fsattn capture --save-worst` (safetensors)")
 
 
 def _parse_shape(text: str):
@@ -63,6 +65,10 @@ def _print_table4(rows, columns) -> None:
 
 
 def run(args) -> int:
+    if args.replay:
+        from ..quality.replay import replay_command
+
+        return replay_command(args.replay, device=args.device, json_path=args.json_path)
     meta = {"command": "fsattn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("fsattn") else None,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
             "python": platform.python_version()}
