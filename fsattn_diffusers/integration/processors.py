@@ -2,8 +2,8 @@
 
 Everything around the attention call keeps the stock behaviour (projections, fused projections, QK
 norms, RoPE, output projections). Calls the policy maps to ``bf16`` — and calls fsattn cannot take
-(cross-attention, an unsupported head dim, context parallelism, a mask that is not a key-padding
-prefix) — run the stock processor itself, so their outputs are bit-identical to stock diffusers.
+(cross-attention, an unsupported head dim, context parallelism outside Wan, a mask that is not a
+key-padding prefix) — run the stock processor itself, so their outputs are bit-identical to stock diffusers.
 
 Targeting only self-attention with ``set_attn_processor``::
 
@@ -46,6 +46,8 @@ class _FSAttnProcessorBase:
     # diffusers sets these on processors (attention backend, context parallelism).
     _attention_backend = None
     _parallel_config = None
+    #: Self-attention runs under diffusers' ring / Ulysses templates when ``_parallel_config`` is set.
+    _supports_context_parallel = False
 
     def __init__(self, policy="mxfp8", backend: str = "auto", tracker: Optional[StepTracker] = None,
                  layer: Optional[str] = None):
@@ -77,8 +79,8 @@ class _FSAttnProcessorBase:
         if planned is not None:
             head_dim = attn.inner_dim // attn.heads
             note = supported_head_dim(planned, head_dim)
-            if note is None and self._parallel_config is not None:
-                note = "context parallelism is not supported by fsattn processors"
+            if note is None and self._parallel_config is not None and not self._supports_context_parallel:
+                note = f"context parallelism is not supported by {type(self).__name__}"
             if note is not None:
                 warn_once(f"integration:{type(self).__name__}:{note}",
                           f"fsattn: using stock attention instead ({note})")
@@ -94,6 +96,11 @@ class _FSAttnProcessorBase:
 
     def _attend(self, q, k, v, entry, kv_lens=None):
         """fsattn attention on (B, S, H, D) operands; output (B, S, H*D) in q's dtype."""
+        if self._parallel_config is not None and kv_lens is None:  # this rank's sequence shard
+            from ..parallel.context_parallel import context_parallel_attention
+
+            out = context_parallel_attention(q, k, v, entry, self._parallel_config, backend=self.backend)
+            return out.flatten(2, 3).to(q.dtype)
         out = attention(q, k, v, entry, layout="bshd", kv_lens=kv_lens, backend=self.backend)
         return out.flatten(2, 3).to(q.dtype)
 
@@ -114,8 +121,12 @@ class WanFSAttnProcessor(_FSAttnProcessorBase):
     """fsattn for the self-attention of ``WanAttention`` (Wan2.1 and Wan2.2 transformers).
 
     Cross-attention calls (with ``encoder_hidden_states``), masked calls and the image-to-video
-    branch run the stock ``WanAttnProcessor`` unchanged and are not recorded.
+    branch run the stock ``WanAttnProcessor`` unchanged and are not recorded. Under diffusers'
+    context parallelism (``_parallel_config``) self-attention runs through diffusers' ring / Ulysses
+    templates with fsattn as the local kernel (:mod:`fsattn_diffusers.parallel.context_parallel`).
     """
+
+    _supports_context_parallel = True
 
     def __init__(self, policy="mxfp8", backend: str = "auto", tracker: Optional[StepTracker] = None,
                  layer: Optional[str] = None):
