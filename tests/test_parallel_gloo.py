@@ -15,12 +15,14 @@ import torch
 from fsattn_diffusers.parallel import check
 
 RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
+#: Tiny Wan transformer with fsattn processors under diffusers' context parallelism.
+WAN_POLICIES = ["exact", "mxfp8"]
 WORLD = 2
 
 
 @pytest.fixture(scope="module")
 def sharded():
-    return check.run_sharded(RECIPES, world=WORLD)
+    return check.run_sharded(RECIPES, world=WORLD, wan_policies=WAN_POLICIES)
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -31,6 +33,17 @@ def test_ring_and_ulysses_over_two_processes_equal_one_process(sharded, recipe):
         print(f"{recipe:6} {r['mode']:10} err one process {r['e_single']:.3e}  sharded {r['e_sharded']:.3e}  "
               f"max|diff| {r['max_abs_diff']:.2e}")
     assert sorted(r["mode"] for r in rows) == sorted(check.MODES)
+    assert all(r["ok"] for r in rows), rows
+
+
+@pytest.mark.parametrize("policy", WAN_POLICIES)
+def test_wan_transformer_under_context_parallelism_equals_one_process(sharded, policy):
+    """The Wan processor honours ``_parallel_config``: ring and Ulysses through diffusers' templates."""
+    rows = check.compare_wan(policy, sharded[f"wan:{policy}"], backend="emulator")
+    for r in rows:
+        print(f"wan {policy:6} {r['mode']:8} err vs stock one process {r['e_single']:.3e}  "
+              f"sharded {r['e_sharded']:.3e}")
+    assert sorted(r["mode"] for r in rows) == ["ring", "ulysses"]
     assert all(r["ok"] for r in rows), rows
 
 

@@ -11,7 +11,10 @@ three sequence-parallel schemes with fsattn as the local kernel:
   :class:`~fsattn_diffusers.parallel.XDiTAttention` as the kernel (the xDiT contract).
 
 The gathered outputs are compared with one process's call over the whole sequence, both measured
-against exact float64 attention (:func:`compare`). Run: ``python -m fsattn_diffusers.parallel.check``.
+against exact float64 attention (:func:`compare`). A tiny Wan transformer with fsattn's processors also
+runs whole under ring and Ulysses, wired as ``enable_parallelism`` wires it (that method itself needs an
+accelerator: it takes the device as ``rank % torch.accelerator.device_count()``), and is compared with
+one process (:func:`compare_wan`). Run: ``python -m fsattn_diffusers.parallel.check``.
 """
 
 from __future__ import annotations
@@ -69,8 +72,39 @@ def _xdit_ring(q, k, v, recipe, backend):
     return out.transpose(1, 2)
 
 
+def wan_inputs(device="cpu"):
+    """Latents (1, 16, 5, 16, 16) = 320 tokens, timestep, text (1, 24, 32) for the tiny Wan transformer."""
+    g = torch.Generator().manual_seed(SEED)
+    x, ctx = torch.randn(1, 16, 5, 16, 16, generator=g), torch.randn(1, 24, 32, generator=g)
+    return x.to(device), torch.tensor([700.0], device=device), ctx.to(device)
+
+
+def wan_model(policy: str, backend: str, device="cpu"):
+    """The tiny Wan transformer (2 heads of dim 64) with fsattn on its self-attention (``bf16``: stock)."""
+    import fsattn_diffusers
+    from ..integration.tiny import tiny_wan_transformer
+
+    model = tiny_wan_transformer().to(device)
+    if policy != "bf16":
+        fsattn_diffusers.apply(model, policy=policy, backend=backend, record=False)
+    return model
+
+
+def _wire_context_parallel(model, config) -> None:
+    """What ``model.enable_parallelism(config)`` does once the mesh exists: processors get the config,
+    the model's ``_cp_plan`` hooks split the sequence and gather the output."""
+    from diffusers.hooks.context_parallel import apply_context_parallel
+
+    model._parallel_config = config
+    for module in model.modules():
+        processor = getattr(module, "processor", None)
+        if processor is not None and hasattr(processor, "_parallel_config"):
+            processor._parallel_config = config
+    apply_context_parallel(model, config.context_parallel_config, model._cp_plan)
+
+
 def _worker(rank: int, world: int, init_file: str, out_file: str, recipes: List[str], shape, device_type: str,
-            backend: str) -> None:
+            backend: str, wan_policies: List[str]) -> None:
     import warnings
 
     import torch.distributed as dist
@@ -102,6 +136,12 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, recipes: List[
                     parts = [torch.empty_like(out) for _ in range(world)]
                     dist.all_gather(parts, out.contiguous())
                     results.setdefault(name, {})[mode] = torch.cat(parts, dim=1).cpu()
+            for policy in wan_policies:
+                for mode, config in (("ring", ring_cfg), ("ulysses", uly_cfg)):
+                    model = wan_model(policy, backend, device)
+                    _wire_context_parallel(model, config)
+                    out = model(*wan_inputs(device), return_dict=False)[0]  # gathered by the _cp_plan
+                    results.setdefault(f"wan:{policy}", {})[mode] = out.cpu()
         if rank == 0:
             torch.save(results, out_file)
     finally:
@@ -109,16 +149,20 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, recipes: List[
 
 
 def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, device: str = "cpu",
-                backend: str = "auto") -> Dict[str, Dict[str, torch.Tensor]]:
-    """Run every mode for every recipe in ``world`` spawned processes; ``{recipe: {mode: out (B, S, H, D)}}``."""
+                backend: str = "auto", wan_policies: Sequence[str] = ()) -> Dict[str, Dict[str, torch.Tensor]]:
+    """Run every mode for every recipe in ``world`` spawned processes.
+
+    Returns ``{recipe: {mode: out (B, S, H, D)}}`` and, for each of ``wan_policies``,
+    ``{"wan:" + policy: {"ring" | "ulysses": tiny Wan transformer output}}``.
+    """
     import torch.multiprocessing as mp
 
     if shape[1] % world or shape[2] % world:
         raise ValueError(f"shape {tuple(shape)}: sequence and heads must divide by {world} processes")
     with tempfile.TemporaryDirectory() as tmp:
         init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
-        mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend),
-                 nprocs=world, join=True)
+        mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend,
+                                list(wan_policies)), nprocs=world, join=True)
         return torch.load(out_file)
 
 
@@ -147,6 +191,21 @@ def compare(recipe: str, sharded: Dict[str, torch.Tensor], q, k, v, backend: str
     return rows
 
 
+def compare_wan(policy: str, sharded: Dict[str, torch.Tensor], backend: str = "auto") -> List[Dict]:
+    """Tiny Wan transformer: error of the sharded and one-process fsattn outputs against stock attention."""
+    with torch.no_grad():
+        stock = wan_model("bf16", backend)(*wan_inputs(), return_dict=False)[0]
+        single = wan_model(policy, backend)(*wan_inputs(), return_dict=False)[0]
+    e_single, _ = error_and_cosine(single, stock)
+    rows = []
+    for mode, out in sharded.items():
+        e_sharded, _ = error_and_cosine(out, stock)
+        rows.append(dict(recipe=f"wan:{policy}", mode=mode, e_single=e_single, e_sharded=e_sharded,
+                         max_abs_diff=(out.double() - single.double()).abs().max().item(),
+                         ok=within_tolerance(e_sharded, e_single)))
+    return rows
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--recipes", default="exact,bf16,mxfp8,mxfp6,mxfp4")
@@ -154,18 +213,22 @@ def main(argv=None) -> int:
     parser.add_argument("--shape", default=",".join(map(str, DEFAULT_SHAPE)), help="B,S,H,D")
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--backend", default="auto", help="fsattn backend (auto, emulator, triton, ...)")
+    parser.add_argument("--wan-policies", default="exact,mxfp8", help="tiny Wan transformer runs ('' for none)")
     args = parser.parse_args(argv)
     recipes = [r.strip() for r in args.recipes.split(",") if r.strip()]
     shape = tuple(int(x) for x in args.shape.split(","))
-    results = run_sharded(recipes, world=args.world, shape=shape, device=args.device, backend=args.backend)
+    wan = [p.strip() for p in args.wan_policies.split(",") if p.strip()]
+    results = run_sharded(recipes, world=args.world, shape=shape, device=args.device, backend=args.backend,
+                          wan_policies=wan)
     q, k, v = make_inputs(shape, device=args.device)
     failed = 0
-    print(f"{'recipe':8} {'mode':10} {'err one process':>15} {'err sharded':>12} {'max|diff|':>10}  ok")
-    for name in recipes:
-        for row in compare(name, results[name], q, k, v, backend=args.backend):
-            failed += not row["ok"]
-            print(f"{row['recipe']:8} {row['mode']:10} {row['e_single']:15.3e} {row['e_sharded']:12.3e} "
-                  f"{row['max_abs_diff']:10.2e}  {'yes' if row['ok'] else 'NO'}")
+    print(f"{'recipe':10} {'mode':10} {'err one process':>15} {'err sharded':>12} {'max|diff|':>10}  ok")
+    rows = [row for name in recipes for row in compare(name, results[name], q, k, v, backend=args.backend)]
+    rows += [row for p in wan for row in compare_wan(p, results[f"wan:{p}"], backend=args.backend)]
+    for row in rows:
+        failed += not row["ok"]
+        print(f"{row['recipe']:10} {row['mode']:10} {row['e_single']:15.3e} {row['e_sharded']:12.3e} "
+              f"{row['max_abs_diff']:10.2e}  {'yes' if row['ok'] else 'NO'}")
     return 1 if failed else 0
 
 
