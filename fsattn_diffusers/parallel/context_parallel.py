@@ -12,6 +12,21 @@ the signature below, so fsattn plugs in without re-implementing either scheme:
 * Ulysses calls it once over the full sequence and the local heads, with ``return_lse=False``.
 
 Inference only: the backward op raises.
+
+Wan (``WanTransformer3DModel._cp_plan``) is supported: ``WanFSAttnProcessor`` uses this module when
+``enable_parallelism`` has set its ``_parallel_config``. HunyuanVideo has no ``_cp_plan`` in diffusers
+0.42, and ``HunyuanVideoFSAttnProcessor`` falls back to stock attention under context parallelism. What
+it needs: (1) a plan passed as ``enable_parallelism(config, cp_plan=...)`` that splits *both* streams,
+``hidden_states`` and ``encoder_hidden_states`` (dim 1), at the input of ``transformer_blocks.0`` — after
+the token refiner, which must see all text tokens — splits the RoPE output (``rope``, dim 0 of cos and
+sin) and gathers at ``proj_out`` (dim 1); each rank then holds ``[image shard ; text shard]``, a shard of a
+permutation of the joint sequence, which ring and Ulysses handle as is; (2) no key padding: the model
+builds its ``[B, 1, 1, N]`` mask over ``[image ; text]`` of the whole sequence, which no split of the key
+axis turns into per-rank masks, so trim the text to its valid tokens first (xDiT does: with batch 1 there
+is then no padding), and make the text length divisible by the degree (or ``ulysses_anything`` /
+``ring_anything``); (3) the processor's joint path then calls :func:`context_parallel_attention` like
+Wan's (``kv_lens`` is None). Image-to-video's ``first_frame_num_tokens`` assumes the first frame's
+tokens are on every rank and would need its own handling.
 """
 
 from __future__ import annotations
