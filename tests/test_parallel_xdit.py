@@ -161,6 +161,40 @@ def test_slots_without_lse_or_ring_are_refused(slot):
         install("mxfp8", slot=slot, **fake_xdit())
 
 
+def _xfuser_importable() -> bool:
+    try:
+        import xfuser.core.distributed.attention_backend  # noqa: F401
+    except Exception:  # not installed, or its RuntimeError on a CPU-only torch
+        return False
+    return True
+
+
+@pytest.mark.skipif(_xfuser_importable(), reason="xfuser imports here; the real hook is tested below")
+def test_install_without_xfuser_says_why():
+    with pytest.raises(RuntimeError, match="xfuser"):
+        install("mxfp8")
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not _xfuser_importable() or not torch.cuda.is_available(), reason="needs xfuser 0.7 and CUDA")
+def test_install_into_the_real_xfuser_registry():
+    from xfuser.core.distributed.attention_backend import ATTENTION_FUNCTION_REGISTRY, AttentionBackendType
+    from xfuser.model_executor.layers.usp import _get_attention_function
+
+    stock = ATTENTION_FUNCTION_REGISTRY[AttentionBackendType.SDPA_FLASH]
+    handle = install("mxfp8", slot="SDPA_FLASH", record=True)
+    try:
+        assert ATTENTION_FUNCTION_REGISTRY[AttentionBackendType.SDPA_FLASH] is handle.function
+        q, k, v = (rand(1, 4, 256, 128, seed=s).to("cuda", torch.bfloat16) for s in (16, 17, 18))
+        kernel = _get_attention_function(backend=AttentionBackendType.SDPA_FLASH)  # as USP fetches it
+        out, _ = kernel(q, k, v, dropout_p=0.0, is_causal=False, attention_kwargs=None)
+        assert torch.equal(out, fa.attention(q, k, v, "mxfp8", layout="bhsd", backend=handle.function.backend))
+        assert handle.records[-1].recipe == "mxfp8"
+    finally:
+        handle.uninstall()
+    assert ATTENTION_FUNCTION_REGISTRY[AttentionBackendType.SDPA_FLASH] is stock
+
+
 # ---- the denoising step under CFG ----------------------------------------------------------------------
 class Scheduler:
     order = 1

@@ -199,8 +199,14 @@ def _xfuser_objects():
     except Exception as exc:  # ImportError, or xfuser's own RuntimeError on a CPU-only torch
         raise RuntimeError(f"xfuser (xDiT) cannot be imported here ({type(exc).__name__}: {exc}); it needs a CUDA "
                            f"build of torch and triton; accepted: pip install xfuser on a GPU machine") from None
+    def ring_active() -> bool:
+        try:
+            return get_ring_parallel_world_size() > 1
+        except AssertionError:  # parallel groups not initialised yet: compute the LSE to be safe
+            return True
+
     state = get_runtime_state() if runtime_state_is_initialized() else None
-    return ATTENTION_FUNCTION_REGISTRY, AttentionBackendType, state, lambda: get_ring_parallel_world_size() > 1
+    return ATTENTION_FUNCTION_REGISTRY, AttentionBackendType, state, ring_active
 
 
 def install(policy="hybrid", pipe=None, *, slot: str = DEFAULT_SLOT, cross_slot: Optional[str] = None,
