@@ -160,3 +160,17 @@ def test_torch_compile_runs(model_and_inputs):
     assert [(r.step, r.recipe) for r in handle.records] == compiled_records
     for a, b in zip(outs, eager):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-5)
+
+
+def test_one_processor_for_whole_model_leaves_cross_attention_stock(model_and_inputs):
+    model, inputs = model_and_inputs
+    fsattn_diffusers.apply(model, policy="mxfp6", backend="emulator")
+    by_apply = _run(model, inputs)
+    fsattn_diffusers.remove(model)
+    saved = dict(model.attn_processors)
+    model.set_attn_processor(WanFSAttnProcessor("mxfp6", backend="emulator"))  # attn1 and attn2
+    try:
+        whole = _run(model, inputs)
+    finally:
+        model.set_attn_processor(dict(saved))
+    assert torch.equal(whole, by_apply)
