@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .policy import Policy, describe, get_policy
+from .policy import Policy, get_policy
 from .processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 from .tracker import CallRecord, StepTracker
 
