@@ -107,7 +107,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     kcol = tl.arange(0, BN)
     bh64 = bh.to(tl.int64)
     q = tl.load(Q8 + bh64 * SQP * D + rows[:, None] * D + dcol[None, :])
-    qe = tl.load(QE + bh64 * SQP + rows)
+    qe = tl.load(QE + bh * (SQP // 128) + (pid_m * BM) // 128)  # Q's exponent per 128-row tile
     k_ptrs = K8 + bh64 * SKP * D + kcol[:, None] * D + dcol[None, :]
     vt_ptrs = V8T + bh64 * D * SKP + dcol[:, None] * SKP + kcol[None, :]
     KE_row = KE + bh * (SKP // BN)

@@ -5,6 +5,7 @@ call as the ``torch.library`` custom op ``fsattn::fused_attention`` (with a fake
 from __future__ import annotations
 
 import math
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -18,12 +19,15 @@ BLOCK_M = 128
 BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 2
+# "ws": warp-specialized kernel (TMA producer + two consumer warpgroups); "classic": one warpgroup pair.
+# MXFP6 P (mxfp6/mxfp4 recipes) always takes "classic": Triton 3.6 cannot warp-specialize its block max.
+VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "ws")
 
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor]):
     """All operands for the attention kernel: ``(q8, qe, k8, ke, v8t, vs)`` (see kernels.prepass)."""
-    q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=False)
-    k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True)
+    q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=True)
+    k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=not INTERPRET)
     v8t, vs = prepare_v(v, plan, kv_lens)
     return q8, qe, k8, ke, v8t, vs
 
@@ -31,20 +35,59 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
                             kv_lens: Optional[torch.Tensor], lse: Optional[torch.Tensor],
                             stats: torch.Tensor, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS,
-                            num_stages: int = NUM_STAGES) -> None:
-    """Launch the attention kernel on pre-pass outputs, writing ``out`` (B, H, S_q, D view, any strides)."""
-    from .fused_attention import fsattn_fwd_kernel
+                            num_stages: int = NUM_STAGES, variant: str = VARIANT) -> None:
+    """Launch the attention kernel on pre-pass outputs, writing ``out`` (B, H, S_q, D view, any strides).
 
+    ``stats`` is a (2,) int32 tensor that receives (rows rolled back, query x key tile pairs rolled
+    back) when ``variant`` is ``classic``; for ``ws`` pass ``stats=None`` to skip the counting, or a
+    tensor to get them (counted through a flag buffer).
+    """
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     grid = (sqp // block_m, b * h)
+    if variant == "ws" and not plan.p_mxfp6:
+        return _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
+    from .fused_attention import fsattn_fwd_kernel
+
+    if stats is None:
+        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
     fsattn_fwd_kernel[grid](
         q8, qe, k8, ke, v8t, vs, out, lse if lse is not None else stats, stats,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, num_warps=num_warps)
+
+
+def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
+    from triton.tools.tensor_descriptor import TensorDescriptor
+
+    from .fused_attention_ws import fsattn_fwd_ws_kernel
+
+    q8, qe, k8, ke, v8t, vs = ops
+    b, h, sqp, d = q8.shape
+    skp = k8.shape[2]
+    nqt, nkt = sqp // block_m, skp // BLOCK_N
+    qd = TensorDescriptor.from_tensor(q8.view(b * h * sqp, d), [block_m, d])
+    kd = TensorDescriptor.from_tensor(k8.view(b * h * skp, d), [BLOCK_N, d])
+    vd = TensorDescriptor.from_tensor(v8t.view(b * h * d, skp), [d, BLOCK_N])
+    want_stats = stats is not None
+    if want_stats:
+        flags = torch.zeros((b * h * nqt * nkt,), dtype=torch.int32, device=q8.device)
+        fired = torch.zeros((b * h * sqp,), dtype=torch.int32, device=q8.device)
+    else:
+        flags = fired = qe
+    fsattn_fwd_ws_kernel[(nqt, b * h)](
+        qd, kd, vd, qe, ke, vs, out, lse if lse is not None else vs, flags, fired,
+        kv_lens if kv_lens is not None else qe, *out.stride(), h, s_q, s_k, sqp, skp, nkt,
+        D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
+        P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
+        STATS=want_stats, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, WS=not INTERPRET, MASK_WHERE=INTERPRET,
+        num_warps=4)
+    if want_stats:
+        stats[0] += fired.sum().to(torch.int32)
+        stats[1] += flags.sum().to(torch.int32)
 
 
 def _out_like(q: torch.Tensor, out_bshd: bool) -> torch.Tensor:
@@ -60,7 +103,7 @@ def _lse_shape(q: torch.Tensor, return_lse: bool):
 
 @torch.library.custom_op("fsattn::fused_attention", mutates_args=())
 def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor],
-                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool
+                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool
                        ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused-Softmax attention on (B, H, S, D) views.
 
@@ -68,7 +111,8 @@ def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len
     -------
     out : (B, S_q, H, D) if ``out_bshd`` else (B, H, S_q, D), contiguous, q's dtype.
     lse : (B, H, S_q) float32 natural-log LSE, or an empty (0,) tensor.
-    stats : (2,) int32: rows that rolled back, (query tile, key tile) pairs with a rollback.
+    stats : (2,) int32: rows that rolled back, (query tile, key tile) pairs with a rollback (zeros
+        unless ``want_stats``).
     """
     plan = plan_from_key(plan_key)
     out = _out_like(q, out_bshd)
@@ -77,12 +121,12 @@ def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len
     stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
     ops = prepass(q, k, v, plan, scale, kv_lens)
     attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
-                            lse if return_lse else None, stats)
+                            lse if return_lse else None, stats if want_stats else None)
     return out, lse, stats
 
 
 @fused_attention_op.register_fake
-def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd):
+def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats):
     return (_out_like(q, out_bshd), torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device),
             torch.empty((2,), dtype=torch.int32, device=q.device))
 
@@ -102,7 +146,8 @@ def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, re
     out_bshd = q.stride(1) < q.stride(2)  # the caller's q is BSHD: give the output the same layout
     if kv_lens is not None:
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    out, lse, st = fused_attention_op(q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd)
+    out, lse, st = fused_attention_op(q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd,
+                                     bool(return_stats))
     out = out.transpose(1, 2) if out_bshd else out
     stats = None
     if return_stats:

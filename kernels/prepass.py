@@ -4,7 +4,7 @@ MX quantization of Q and K in one kernel per tensor; V to per-tensor FP8 or MX a
 Outputs are FP8 E4M3 tensors in the kernel's own padded layouts plus power-of-two exponents (see
 :mod:`kernels.plan` for how MX values are carried in E4M3):
 
-* Q8 (B, H, SQP, D), QE (B, H, SQP) int32: ``Q_value = Q8 * 2^QE`` per row.
+* Q8 (B, H, SQP, D), QE (B, H, SQP / 128) int32: ``Q_value = Q8 * 2^QE`` per 128-row query tile.
 * K8 (B, H, SKP, D), KE (B, H, SKP / 128) int32: ``K_value = K8 * 2^KE`` per key tile.
 * V8T (B, H, D, SKP) (transposed: K-major for the FP8 PV GEMM), VS (B, H, D) fp32: ``V = V8T^T * VS``.
 
@@ -37,7 +37,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        D: tl.constexpr, BS: tl.constexpr, HAD: tl.constexpr, ROUND_TWICE: tl.constexpr,
                        RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                        MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
-                       DOT_F32: tl.constexpr):
+                       DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -68,7 +68,13 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
         ref = tl.max(s, axis=1)
         shift = s - ref[:, None] + T0
     # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
-    q8 = round_elem(tl.reshape(elem * pow2(shift)[:, :, None], (BS, D)), 3, -6, 448.0).to(tl.float8e4nv)
+    q8 = round_elem(tl.reshape(elem * pow2(shift)[:, :, None], (BS, D)), 3, -6, 448.0)
+    if NAN_PAD:
+        n = S
+        if HAS_KVL:
+            n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
+        q8 = tl.where(rows[:, None] < n, q8, float("nan"))
+    q8 = q8.to(tl.float8e4nv)
     tl.store(OUT + bh.to(tl.int64) * SP * D + rows[:, None] * D + cols[None, :], q8)
     if TILE_REF:
         tl.store(OUTE + bh * (SP // BS) + pid_s, ref - T0)
@@ -144,7 +150,8 @@ def padded(n: int, tile: int) -> int:
     return -(-n // tile) * tile
 
 
-def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool):
+def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool, kv_lens=None,
+               nan_pad: bool = False):
     """Q (``tile_ref=False``, per-row exponents) or K (``tile_ref=True``, one exponent per 128 keys).
 
     Parameters
@@ -155,6 +162,9 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     -------
     x8 : Tensor (B, H, SP, D) float8_e4m3fn, SP = S rounded up to 128, padded rows zero.
     exps : Tensor (B, H, SP) or (B, H, SP / 128) int32.
+
+    With ``nan_pad`` (K), rows at or past ``kv_lens[b]`` (or S) are written as E4M3 NaN: the attention
+    kernel's scores there are NaN, which its max and clamp drop (masking without a select).
     """
     b, h, s, d = x.shape
     sp = padded(s, ROWS)
@@ -165,7 +175,8 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     _qk_prepass_kernel[(sp // ROWS, b * h)](
         x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier),
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
-        MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET, num_warps=8)
+        MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
+        NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps, num_warps=8)
     return out, exps
 
 

@@ -55,3 +55,24 @@ if __name__ == "__main__":
             print(tag, *report(compile_variant(**kw), out, tag))
         except Exception as e:  # noqa
             print(tag, "FAILED", repr(e)[:400])
+
+
+def compile_ws(num_stages=2, block_m=128, d=128, **const):
+    """The warp-specialized kernel; returns (compiled, whether Triton made warp partitions)."""
+    from fsattn_diffusers.kernels.fused_attention_ws import fsattn_fwd_ws_kernel
+
+    c = dict(D=d, BM=block_m, BN=128, HAS_KVL=False, WRITE_LSE=False, P_MX=False, GATE=True, CAP=4.0, SIGMA=4.0,
+             STATS=False, NUM_STAGES=num_stages, RNE_CVT=False, WS=True, MASK_WHERE=False)
+    c.update(const)
+    sig = {"qd": f"tensordesc<fp8e4nv[{block_m}, {d}]>", "kd": f"tensordesc<fp8e4nv[128, {d}]>",
+           "vd": f"tensordesc<fp8e4nv[{d}, 128]>", "QE": "*i32", "KE": "*i32", "VS": "*fp32", "OUT": "*bf16",
+           "LSE": "*fp32", "FLAGS": "*i32", "ROWS": "*i32", "KVL": "*i32", "sob": "i32", "soh": "i32",
+           "sos": "i32", "sod": "constexpr", "H": "i32", "SQ": "i32", "SK": "i32", "SQP": "i32", "SKP": "i32", "NKT": "i32"}
+    names = list(sig)
+    div16 = [i for i, n in enumerate(names) if sig[n].startswith("*") or n in ("SQP", "SKP", "sob", "soh", "sos")]
+    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
+    sig.update({k: "constexpr" for k in c})
+    c["sod"] = 1  # a real launch specializes the unit stride
+    src = ASTSource(fn=fsattn_fwd_ws_kernel, signature=sig, constexprs=c, attrs=attrs)
+    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": num_stages})
+    return k, "ttg.warp_specialize" in k.asm["ttgir"]
