@@ -16,6 +16,7 @@ Section 6.3); NaN stays NaN. Shared-exponent rules (see :data:`SCALE_RULES`):
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Tuple
 
@@ -46,7 +47,7 @@ class ElemFormat:
     @property
     def emax(self) -> int:
         """Exponent of the largest normal binade (OCP's emax_elem)."""
-        return int(torch.tensor(self.max_value).log2().floor())
+        return math.floor(math.log2(self.max_value))
 
     @property
     def emin(self) -> int:
