@@ -53,3 +53,19 @@ def test_numerics_that_sharding_does_not_touch_are_bit_identical(sharded):
     for recipe in ("exact", "bf16", "mxfp6", "mxfp4"):
         single = check.attention(q, k, v, recipe)
         assert torch.equal(sharded[recipe]["ulysses"], single), recipe
+
+
+def test_forward_op_gives_bshd_lse_only_when_the_template_asks():
+    """diffusers' ring asks for the LSE (B, S, H); Ulysses does not; masks, causal and GQA are refused."""
+    from fsattn_diffusers.parallel import fsattn_forward_op
+    from fsattn_diffusers.recipe import PRESETS
+
+    q, k, v = check.make_inputs((1, 96, 2, 64))
+    op = fsattn_forward_op(PRESETS["mxfp8"], backend="emulator")
+    out = op(None, q, k, v, None, 0.0, False, None, False, False)
+    want, want_lse = check.attention(q, k, v, "mxfp8", return_lse=True, backend="emulator")
+    assert torch.equal(out, want)
+    out, lse = op(None, q, k, v, None, 0.0, False, None, False, True)
+    assert torch.equal(out, want) and lse.shape == (1, 96, 2) and torch.equal(lse, want_lse.transpose(1, 2))
+    with pytest.raises(ValueError, match="attn_mask=None"):
+        op(None, q, k, v, torch.ones(1, 1, 96, 96, dtype=torch.bool), 0.0, False, None, False, False)
