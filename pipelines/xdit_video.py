@@ -70,12 +70,17 @@ def xdit_argv(ours: argparse.Namespace, rest: Sequence[str], supports_cross_back
 
 def main(argv: Optional[Sequence[str]] = None) -> int:
     ours, rest = split_argv(sys.argv[1:] if argv is None else argv)
-    from xfuser import xFuserArgs
-    from xfuser.config import FlexibleArgumentParser
-    from xfuser.core.distributed import get_runtime_state
-    from xfuser.core.utils.runner_utils import is_last_process
-    from xfuser.model_executor.models.runner_models.base_model import MODEL_REGISTRY
-    from xfuser.runner import xFuserModelRunner
+    try:
+        from xfuser import xFuserArgs
+        from xfuser.config import FlexibleArgumentParser
+        from xfuser.core.distributed import get_runtime_state
+        from xfuser.core.utils.runner_utils import is_last_process
+        from xfuser.model_executor.models.runner_models.base_model import MODEL_REGISTRY
+        from xfuser.runner import xFuserModelRunner
+    except Exception as exc:  # not installed, or its RuntimeError on a CPU-only torch
+        print(f"xdit_video: xfuser (xDiT 0.7) cannot be imported here ({type(exc).__name__}: {exc}); it needs "
+              f"a CUDA build of torch, triton and `pip install xfuser`", file=sys.stderr)
+        return 2
 
     from fsattn_diffusers.xdit import install
 

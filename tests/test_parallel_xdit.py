@@ -175,6 +175,15 @@ def test_install_without_xfuser_says_why():
         install("mxfp8")
 
 
+@pytest.mark.skipif(_xfuser_importable(), reason="xfuser imports here")
+def test_runner_without_xfuser_exits_with_one_line(capsys):
+    from fsattn_diffusers.pipelines.xdit_video import main
+
+    assert main(["--model", "Wan2.2-T2V", "--ulysses_degree", "2"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert "xfuser" in err and len(err.splitlines()) == 1
+
+
 @pytest.mark.gpu
 @pytest.mark.skipif(not _xfuser_importable() or not torch.cuda.is_available(), reason="needs xfuser 0.7 and CUDA")
 def test_install_into_the_real_xfuser_registry():
