@@ -155,6 +155,14 @@ def test_default_cross_slot_differs_from_a_cudnn_slot():
     assert state.get_cross_attention_backend() == AttentionBackendType.SDPA_FLASH
 
 
+def test_cross_slot_must_be_another_stock_slot():
+    with pytest.raises(ValueError, match="must be a stock slot other than SDPA_FLASH"):
+        install("mxfp8", slot="SDPA_FLASH", cross_slot="sdpa_flash", **fake_xdit(RuntimeState()))
+    state = RuntimeState()
+    install("mxfp8", slot="SDPA_FLASH", cross_slot="flash_3", **fake_xdit(state))
+    assert state.get_cross_attention_backend() == AttentionBackendType.FLASH_3
+
+
 @pytest.mark.parametrize("slot", ["SDPA", "NO_SUCH"])
 def test_slots_without_lse_or_ring_are_refused(slot):
     with pytest.raises(ValueError, match="accepted: SDPA_FLASH"):

@@ -174,8 +174,12 @@ class XDiTHandle:
             self.saved_backend = runtime_state.attention_backend
             runtime_state.set_attention_backend(self.slot)
         if runtime_state.get_cross_attention_backend() == self.slot:
+            cross = (cross_slot or default_cross_slot(self.slot.name)).upper()
+            if cross not in RING_SLOTS or cross == self.slot.name:
+                raise ValueError(f"cross_slot {cross_slot!r} must be a stock slot other than {self.slot.name}; "
+                                 f"accepted: {', '.join(s for s in RING_SLOTS if s != self.slot.name)}")
             self.saved_cross = runtime_state.cross_attention_backend
-            runtime_state.set_cross_attention_backend(enum[cross_slot or default_cross_slot(self.slot.name)])
+            runtime_state.set_cross_attention_backend(enum[cross])
 
     def uninstall(self) -> None:
         """Restore the slot's stock kernel, xDiT's backend choices and stop following the pipeline."""
