@@ -156,8 +156,11 @@ def test_default_cross_slot_differs_from_a_cudnn_slot():
 
 
 def test_cross_slot_must_be_another_stock_slot():
+    xdit = fake_xdit(RuntimeState())
     with pytest.raises(ValueError, match="must be a stock slot other than SDPA_FLASH"):
-        install("mxfp8", slot="SDPA_FLASH", cross_slot="sdpa_flash", **fake_xdit(RuntimeState()))
+        install("mxfp8", slot="SDPA_FLASH", cross_slot="sdpa_flash", **xdit)
+    assert xdit["registry"][AttentionBackendType.SDPA_FLASH] is stock_kernel  # left as it was
+    assert xdit["runtime_state"].attention_backend == AttentionBackendType.CUDNN
     state = RuntimeState()
     install("mxfp8", slot="SDPA_FLASH", cross_slot="flash_3", **fake_xdit(state))
     assert state.get_cross_attention_backend() == AttentionBackendType.FLASH_3

@@ -262,10 +262,14 @@ def install(policy="hybrid", pipe=None, *, slot: str = DEFAULT_SLOT, cross_slot:
     fn = XDiTAttention(policy, current, backend=backend, tracker=tracker, need_lse=need_lse, name=f"xdit:{name}")
     registry[key] = fn
     handle = XDiTHandle(fn, registry, key, current)
-    if runtime_state is not None:
-        handle.configure_runtime(runtime_state, cross_slot)
-    if pipe is not None:
-        handle.follow(pipe)
+    try:
+        if runtime_state is not None:
+            handle.configure_runtime(runtime_state, cross_slot)
+        if pipe is not None:
+            handle.follow(pipe)
+    except Exception:
+        handle.uninstall()  # leave xDiT as it was
+        raise
     return handle
 
 
