@@ -174,3 +174,22 @@ def test_one_processor_for_whole_model_leaves_cross_attention_stock(model_and_in
     finally:
         model.set_attn_processor(dict(saved))
     assert torch.equal(whole, by_apply)
+
+
+def test_apply_and_remove_carry_the_parallel_config():
+    """``enable_parallelism`` before ``apply``: the new processors keep the context-parallel config
+    (else each rank would attend to its own shard only), and ``remove`` hands it back to the stock ones."""
+    import fsattn_diffusers
+    from fsattn_diffusers.integration.tiny import tiny_wan_transformer
+
+    model = tiny_wan_transformer()
+    sentinel = object()
+    attn1 = [m for n, m in model.named_modules() if n.endswith("attn1")]
+    for m in attn1:
+        m.processor._parallel_config = sentinel
+    fsattn_diffusers.apply(model, policy="mxfp8")
+    assert all(m.processor._parallel_config is sentinel for m in attn1)
+    assert all(type(m.processor).__name__ == "WanFSAttnProcessor" for m in attn1)
+    fsattn_diffusers.remove(model)
+    assert all(m.processor._parallel_config is sentinel for m in attn1)
+    assert all(type(m.processor).__name__ != "WanFSAttnProcessor" for m in attn1)

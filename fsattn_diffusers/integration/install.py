@@ -107,6 +107,21 @@ def step_summary(records: List[CallRecord]) -> List[str]:
     return lines
 
 
+# diffusers stores its attention backend and context-parallel config on the installed processor
+# (``enable_parallelism`` sets them on whatever is installed at that moment); swaps must carry them.
+_CARRIED_ATTRS = ("_attention_backend", "_parallel_config")
+
+
+def _swap_processor(module, new) -> None:
+    """``module.set_processor(new)`` keeping the attention backend and parallel config of the old one."""
+    old = module.processor
+    for attr in _CARRIED_ATTRS:
+        value = getattr(old, attr, None)
+        if value is not None:
+            setattr(new, attr, value)
+    module.set_processor(new)
+
+
 def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) -> FSAttnHandle:
     """Install fsattn processors on the self-attention of every transformer of ``pipe``.
 
@@ -140,7 +155,7 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
             continue
         handle.saved[tname] = [(name, module, module.processor) for name, module, _ in targets]
         for name, module, cls in targets:
-            module.set_processor(cls(policy, backend=backend, tracker=tracker, layer=f"{tname}.{name}"))
+            _swap_processor(module, cls(policy, backend=backend, tracker=tracker, layer=f"{tname}.{name}"))
         followed.append((tname, model))
     if not followed:
         raise ValueError(f"no Wan or HunyuanVideo self-attention found in {type(pipe).__name__}; accepted: "
@@ -160,7 +175,7 @@ def remove(pipe) -> bool:
         return False
     for entries in handle.saved.values():
         for _, module, stock in entries:
-            module.set_processor(stock)
+            _swap_processor(module, stock)
     handle.tracker.detach()
     object.__delattr__(pipe, _HANDLE_ATTR)
     return True
