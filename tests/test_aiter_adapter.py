@@ -1,0 +1,88 @@
+"""The AITER adapter's argument mapping, against a stand-in ``aiter.ops.mha_v4`` (no MI355X here)."""
+
+import enum
+import sys
+import types
+
+import pytest
+import torch
+
+import fsattn_diffusers as fa
+from fsattn_diffusers.backends import aiter_backend
+
+
+class AttentionFormat(enum.IntEnum):  # the names AITER exposes (values as in its tests)
+    FP8_E4M3 = 3
+    FP6_E2M3 = 7
+    MXFP6 = 7
+    FP4_E2M1 = 9
+    MXFP4 = 9
+
+
+@pytest.fixture
+def fake_aiter(monkeypatch):
+    calls = []
+
+    def mha_v4(q, k, v, qf, kf, vf, softmax_scale=None, out=None, return_lse=False):
+        calls.append(("mha_v4", q, (qf, kf, vf), softmax_scale))
+        return q.flip(-1)  # any deterministic function of q, to check the layout round trip
+
+    def mha_v4_mxfp8(q, k, v, softmax_scale=None, out=None, return_lse=False):
+        calls.append(("mha_v4_mxfp8", q, (), softmax_scale))
+        return q.flip(-1)
+
+    mod = types.SimpleNamespace(AttentionFormat=AttentionFormat, mha_v4=mha_v4, mha_v4_mxfp8=mha_v4_mxfp8)
+    monkeypatch.setitem(sys.modules, "aiter", types.ModuleType("aiter"))
+    monkeypatch.setitem(sys.modules, "aiter.ops", types.ModuleType("aiter.ops"))
+    monkeypatch.setitem(sys.modules, "aiter.ops.mha_v4", mod)
+    from fsattn_diffusers import backends
+
+    monkeypatch.setattr(backends._REGISTRY["aiter"], "available", lambda device: None)
+    return calls
+
+
+@pytest.mark.parametrize("recipe,fn,formats", [
+    ("mxfp8", "mha_v4_mxfp8", ()),
+    ("mxfp6", "mha_v4", (AttentionFormat.MXFP6,) * 3),
+    ("mxfp4", "mha_v4", (AttentionFormat.MXFP4,) * 3),
+])
+def test_recipes_map_to_aiter_calls(fake_aiter, recipe, fn, formats):
+    q = torch.randn(1, 40, 2, 128)
+    out = fa.attention(q, q, q, recipe, backend="aiter", scale=0.07)
+    name, q_seen, fmts, scale = fake_aiter[-1]
+    assert (name, fmts, scale) == (fn, formats, 0.07)
+    assert q_seen.dtype == torch.bfloat16 and q_seen.is_contiguous() and q_seen.shape == (1, 40, 2, 128)
+    assert out.dtype == q.dtype and torch.equal(out, q.bfloat16().flip(-1).float())
+
+
+def test_mxfp8_falls_back_to_mha_v4_formats_without_the_old_entry(fake_aiter):
+    mod = sys.modules["aiter.ops.mha_v4"]
+    del mod.mha_v4_mxfp8
+    fn, formats = aiter_backend.aiter_call(fa.PRESETS["mxfp8"], mod)
+    assert fn is mod.mha_v4 and formats == (AttentionFormat.FP8_E4M3,) * 3
+
+
+@pytest.mark.parametrize("kwargs,why", [
+    (dict(recipe=fa.PRESETS["mxfp8"].replace(proxy="u32")), "only the paper's presets"),
+    (dict(kv_lens=[20]), "key-padding"),
+    (dict(return_lse=True), "no LSE"),
+])
+def test_cases_aiter_cannot_take_fall_back_with_a_warning(fake_aiter, kwargs, why):
+    from fsattn_diffusers import backends
+
+    backends._WARNED.clear()
+    q = torch.randn(1, 40, 2, 128)
+    recipe = kwargs.pop("recipe", "mxfp6")
+    with pytest.warns(RuntimeWarning, match=why):
+        fa.attention(q, q, q, recipe, backend="aiter", **kwargs)
+    assert not fake_aiter  # never called
+
+
+def test_head_dim_other_than_128_is_refused(fake_aiter):
+    q = torch.randn(1, 40, 2, 64)
+    assert "head dim 128" in aiter_backend._unsupported(q.transpose(1, 2), q, q, fa.PRESETS["mxfp6"],
+                                                        kv_lens=None, return_lse=False)
+
+
+def test_unavailable_without_rocm():
+    assert "not ROCm" in aiter_backend._available(torch.device("cpu"))
