@@ -22,7 +22,7 @@ def add_arguments(p) -> None:
     p.add_argument("--height", type=int, default=720)
     p.add_argument("--width", type=int, default=1280)
     p.add_argument("--steps", type=int, default=2, help="timed denoising steps per policy (after --warmup)")
-    p.add_argument("--warmup", type=int, default=1)
+    p.add_argument("--warmup", type=int, default=1, help="untimed warm-up forward calls per policy")
     p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; bf16 is always included")
     p.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
     p.add_argument("--backend", default="auto")
