@@ -108,8 +108,12 @@ def report_markdown(result, rows: List[Dict], means: List[Dict], files: Dict[str
         "over the policy's videos), so only identical videos give `inf`",
         f"* {result.lpips_note}",
         "* timings: `s/step` is the mean denoising step (first transformer call to the end of the last step); "
-        "`wall s` includes text encoding and VAE decoding",
+        "`wall s` includes text encoding and VAE decoding; an untimed 1-step bf16 warm-up run precedes the "
+        "first generated video (unless `--no-warmup`)",
     ]
+    if not result.device.startswith("cuda"):
+        lines.append(f"* device `{result.device}`: fsattn policies run the PyTorch emulator here (slow), so "
+                     "`speed vs bf16` does not measure the kernels")
     if plot_note:
         lines.append(f"* {plot_note}")
     lines += ["", "## Per policy (means over prompts)", "",

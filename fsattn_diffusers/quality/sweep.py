@@ -124,6 +124,7 @@ class SweepResult:
     lpips_available: bool
     files: Dict[str, str] = field(default_factory=dict)
     seconds: float = 0.0
+    device: str = "cpu"
 
     @property
     def failed(self) -> List[VideoRow]:
@@ -289,6 +290,7 @@ def run_sweep(pipe, spec: VideoSpec, prompts: Sequence[str], policies: Sequence,
     compare_all(rows, store, items, indices, lpips)
     result = SweepResult(out, spec, named, items, every, indices, rows, lpips.describe(), lpips.available)
     result.seconds = time.perf_counter() - start
+    result.device = str(getattr(pipe, "device", "cpu"))
     result.files = write_outputs(result, store, grid_frames)
     return result
 
