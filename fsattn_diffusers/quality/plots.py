@@ -150,7 +150,7 @@ def plot_rollback_heatmap(grids: Dict[str, np.ndarray], layers: List[str], steps
         data = np.ma.masked_invalid(grids[name])
         top = float(np.nanmax(grids[name])) if np.isfinite(grids[name]).any() else 0.0
         im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0,
-                       vmax=max(top, 1e-6))
+                       vmax=top if top > 0 else 1.0)
         ax.set_title(f"{name}: rollback rate (max {top:.3g})", fontsize=9)
         ax.set_xlabel("denoising step")
         ax.set_xticks(range(len(steps)))
@@ -158,6 +158,8 @@ def plot_rollback_heatmap(grids: Dict[str, np.ndarray], layers: List[str], steps
         ax.set_yticks(range(len(layers)))
         ax.set_yticklabels(layers if n == 0 else [""] * len(layers), fontsize=6)
         fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+    if any(np.isnan(g).any() for g in grids.values()):
+        fig.suptitle("blank cells: no call of that layer at that step (e.g. the other Wan2.2 expert ran)", fontsize=8)
     fig.tight_layout()
     fig.savefig(path)
     return path
