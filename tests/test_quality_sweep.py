@@ -71,7 +71,8 @@ def test_sweep_writes_every_output(swept):
             assert os.path.getsize(os.path.join(out, "videos", "p00", policy + ext)) > 0
     rows = read_csv(os.path.join(out, "results.csv"))
     for r in rows:
-        print({k: r[k] for k in ("prompt_id", "policy", "status", "psnr_db", "ssim", "lpips", "step_s", "latent_digest")})
+        print({k: r[k] for k in ("prompt_id", "policy", "status", "psnr_db", "ssim", "lpips", "step_s",
+                                 "latent_digest")})
     videos = [r for r in rows if r["prompt_id"] == "p00"]
     means = [r for r in rows if r["prompt_id"] == "mean"]
     assert [r["policy"] for r in videos] == ["bf16", "mxfp8", "hybrid"] == [r["policy"] for r in means]

@@ -75,9 +75,10 @@ def _fmt(value, digits=4) -> str:
 
 def summary_lines(captured, meta: Dict) -> List[str]:
     names = [r.name for r in captured.recipes]
+    spec = meta["spec"]
     lines = ["# fsattn capture", "",
-             f"* model `{meta['spec']['model']}`, prompt {meta['prompt']!r}; {meta['spec']['num_frames']} frames "
-             f"{meta['spec']['width']}x{meta['spec']['height']}, {meta['spec']['steps']} steps, seed {meta['spec']['seed']}",
+             f"* model `{spec['model']}`, prompt {meta['prompt']!r}; {spec['num_frames']} frames "
+             f"{spec['width']}x{spec['height']}, {spec['steps']} steps, seed {spec['seed']}",
              f"* {len(captured.rows)} self-attention calls (step x layer x CFG branch x batch entry); "
              f"{meta['rows']} sampled query rows per call, all keys; analysis backend `{meta['backend']}`",
              "* error: global relative error (%) against BF16 attention with the conventional softmax; `conv`: "

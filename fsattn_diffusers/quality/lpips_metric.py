@@ -88,7 +88,8 @@ def load_alexnet_features(net: torch.nn.Module, state: dict) -> None:
         layer = name.split(".", 1)[1]  # "slice2.3.weight" -> "3.weight" (torchvision's features index)
         key = FEATURES_PREFIX + layer
         if key not in state:
-            raise KeyError(f"weights file has no {key!r} (an AlexNet ImageNet state dict has features.0 ... features.10)")
+            raise KeyError(f"weights file has no {key!r} (an AlexNet ImageNet state dict has "
+                           f"features.0 ... features.10)")
         mapped[name] = state[key]
     net.load_state_dict(mapped, strict=True)
 

@@ -86,7 +86,8 @@ def print_replay(rows: List[Dict]) -> None:
     for r in rows:
         o, c = r["ours"], r["recorded"]
         cells = "".join(f"{_num(o[f]) + ' | ' + _num(c[f]):>22}" for f in SHOWN)
-        print(f"{r['call']:<9}{str(r['step']):>5}  {str(r['layer'])[:33]:<34}{str(r['branch']):<8}{r['recipe']:<8}{cells}")
+        print(f"{r['call']:<9}{str(r['step']):>5}  {str(r['layer'])[:33]:<34}{str(r['branch']):<8}"
+              f"{r['recipe']:<8}{cells}")
 
 
 def replay_command(path: str, device: str = "cpu", json_path: str = None) -> int:

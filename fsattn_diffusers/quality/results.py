@@ -58,7 +58,8 @@ def video_rows(result) -> List[Dict]:
             "prompt_id": r.prompt_id, "prompt": r.prompt, "policy": r.policy, "status": r.status,
             "reused": r.reused, "psnr_db": None if m is None else m.means["psnr"],
             "ssim": None if m is None else m.means["ssim"], "lpips": _lpips_value(m, result.lpips_available),
-            "step_s": r.step_s, "step_median_s": _median(r.step_times), "wall_s": r.wall_s, "latent_digest": r.latent_digest,
+            "step_s": r.step_s, "step_median_s": _median(r.step_times), "wall_s": r.wall_s,
+            "latent_digest": r.latent_digest,
             "video": None if r.video is None else _rel(r.video, result.out), "note": r.note, "error": r.error,
             "mse": None if m is None else m.means["mse"],
             "frames": None if m is None else {
