@@ -35,6 +35,11 @@ def register_backend(backend: Backend) -> None:
     _REGISTRY[backend.name] = backend
 
 
+def unregister_backend(name: str) -> None:
+    """Remove a backend added with :func:`register_backend` (no error when absent)."""
+    _REGISTRY.pop(name, None)
+
+
 def _ensure_loaded() -> None:
     # Imported lazily so that importing the package never needs triton or aiter.
     from . import emulator_backend  # noqa: F401

@@ -180,4 +180,4 @@ def run_capture(pipe, spec, prompt: str, out_video: str, recipes: Sequence = ("m
 def _unregister(name: str) -> None:
     from .. import backends
 
-    backends._REGISTRY.pop(name, None)  # no public unregister yet; the capture backend is temporary
+    backends.unregister_backend(name)  # the capture backend is temporary
