@@ -1,5 +1,8 @@
 """Warp-specialized variant of :mod:`kernels.fused_attention` (same numerics, same operands).
 
+EXPERIMENTAL, not used by default: it compiles to Triton's Hopper producer/consumer partitions, matches
+the reference under the CPU interpreter, but hung on the H200 (Triton 3.6.0, 2026-11-29); see ops.VARIANT.
+
 Triton's Hopper warp specialization (``tl.range(..., warp_specialize=True)`` with TMA tensor
 descriptors and ``num_warps=4``) splits the BM=128 query tile into two 64-row consumer warpgroups fed by a
 TMA producer warp, so one warpgroup's softmax overlaps the other's GEMMs (the FA3 schedule; the paper's

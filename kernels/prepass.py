@@ -176,7 +176,8 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier),
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
-        NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps, num_warps=8)
+        NAN_PAD=nan_pad, HAS_KVL=nan_pad and kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
+        num_warps=8)
     return out, exps
 
 

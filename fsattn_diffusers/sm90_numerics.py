@@ -1,0 +1,180 @@
+"""What the Hopper (sm_90) Triton kernel computes where it differs from the MI355X semantics (NUMERICS.md).
+
+Hopper has FP8 E4M3 tensor cores and no MX instructions, so the kernel (``kernels/``) carries every
+operand in E4M3 and keeps the softmax's scales as powers of two it can fold into one FMA. The
+differences, each reproduced by :func:`reference_attention`:
+
+1. **Operand carry.** MX values (``elem * 2^s_b``) are held as ``E4M3(elem * 2^(s_b - R + t0)) * 2^(R - t0)``
+   with ``R`` the largest block exponent of a group: a 128-row query tile (Q), a 128-key tile (K), a V
+   channel over all keys (MX V). ``t0`` = 0 (E4M3), 5 (E2M3), 6 (E2M1). Exact whenever the group's
+   block exponents are within the element format's headroom (always for E2M3/E2M1 within 11/14
+   doublings; for MXFP8 blocks below ``R`` lose their smallest elements' low bits).
+2. **Frozen reference on a grid.** ``m = ceil(128 rowmax(X_i0)) / 128`` and Schraudolph's offset is
+   ``eps' = 7/128`` (``D = 16249``), so the Stage-A constant is an exact fp32 integer; the rollback
+   keeps ``m`` on the grid (``delta`` is an integer).
+3. **Gate cap.** P carries one power-of-two scale per row that changes only with ``m``:
+   ``P * 2^sigma`` (sigma = 4 for fp8_row, 3 for mxfp6 P), so the gate fires at
+   ``min(cap, 4)`` doublings (plan.P_HEADROOM_LOG2) instead of 32; every P then fits E4M3.
+4. **Stage-B.** fp8_row: ``E4M3(P * 2^4)`` (a per-row scale frozen with ``m`` instead of one per key
+   tile). mxfp6: the MI355X MXFP6 value, carried as ``E4M3(P_mx * 2^3)`` (exact unless a block max is
+   below 2^-7 of the reference).
+5. **Row sum.** fp8_row: ``l`` sums the Stage-A values (the BF16 proxy, i.e. ``rowsum_gemm=False``);
+   a GEMM with ones over the FP8 P measured slower on the H200 (723 vs 755 TFLOP/s). mxfp6 P: ``l``
+   sums the MXFP6 values (``rowsum_gemm=True``).
+6. **Statistics.** Query tiles are 128 rows (``tile_m = 128``).
+
+The FP8 tensor cores' accumulation (and fp32 summation order) is not modeled: tests allow for it.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Dict, Optional, Tuple
+
+import torch
+
+from .formats import E2M3, E4M3, MX_ELEMENT, fake_quantize_mx, round_to_bf16, round_to_elem, shared_exponent
+from .hadamard import fwht_unnormalized
+from .operands import LOG2E, prepare_v, scale_rule
+from .recipe import Recipe
+
+#: Rows of a query tile and keys of a key tile of the sm_90 kernel.
+TILE = 128
+#: Headroom t0 of each MX element format under E4M3 (kernels.plan.CARRY_T0).
+CARRY_T0 = {"mxfp8": 0, "mxfp6": 5, "mxfp4": 6}
+#: Gate cap and P scales (kernels.plan).
+P_HEADROOM_LOG2 = 4
+P_SIGMA = {"fp8_row": 8 - P_HEADROOM_LOG2, "mxfp6": 7 - P_HEADROOM_LOG2}
+#: 128 * (127 - 7/128): Schraudolph's bias on the 1/128 grid (paper eps = 0.05798).
+D_BITS = 16249
+LN2 = math.log(2.0)
+
+
+def e4m3(x: torch.Tensor) -> torch.Tensor:
+    """Nearest-even, saturating E4M3 value of ``x`` (float32)."""
+    return round_to_elem(x, E4M3)
+
+
+def _prequant_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.Tensor:
+    """The value MX-quantized in the pre-pass (mirror of operands.prepare_qk before quantization)."""
+    rsqrt_d = 1.0 / math.sqrt(x.shape[-1])
+    y = round_to_bf16(x.to(torch.float32))
+    if recipe.hadamard:
+        y = fwht_unnormalized(y)
+        if recipe.qk_format == "mxfp8":
+            return round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier)
+        return round_to_bf16(y * rsqrt_d * multiplier)
+    return round_to_bf16(y * multiplier)
+
+
+def carry_mx(y: torch.Tensor, fmt_name: str, rule: str, tile: Optional[int]) -> torch.Tensor:
+    """MX-quantize ``y`` (..., R, C) in blocks of 32 along the last axis and carry it in E4M3
+    (difference 1). The reference exponent is the largest block exponent of a row (``tile=None``) or
+    of ``tile`` consecutive rows. Returns float32 (..., R, C)."""
+    fmt = MX_ELEMENT[fmt_name]
+    rows, cols = y.shape[-2], y.shape[-1]
+    yb = y.reshape(*y.shape[:-1], cols // 32, 32)
+    s = shared_exponent(yb.abs().amax(dim=-1, keepdim=True), fmt, rule)  # (..., R, C/32, 1)
+    elems = round_to_elem(torch.ldexp(yb, -s), fmt)
+    ref = s.amax(dim=(-2, -1))  # (..., R)
+    if tile is not None:
+        pad = (-rows) % tile
+        ref = torch.nn.functional.pad(ref, (0, pad), value=-127)
+        ref = ref.reshape(*ref.shape[:-1], -1, tile).amax(dim=-1).repeat_interleave(tile, dim=-1)[..., :rows]
+    ref = ref[..., None, None]
+    t0 = CARRY_T0[fmt_name]
+    carried = e4m3(torch.ldexp(elems, s - ref + t0))
+    return torch.ldexp(carried, ref - t0).reshape(y.shape)
+
+
+def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor]):
+    """(Q, K, V) float32 values the sm_90 kernel multiplies; (B, H, S, D) each."""
+    rule = scale_rule(recipe, "qk", recipe.qk_format)
+    qc = carry_mx(_prequant_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE)
+    kc = carry_mx(_prequant_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE)
+    vmask = None if valid is None else valid[:, None, :, None]
+    if recipe.v_format == "fp8_tensor":
+        vc = prepare_v(v, recipe, vmask)
+    else:
+        y = v.to(torch.float32)
+        if vmask is not None:
+            y = torch.where(vmask, y, torch.zeros_like(y))
+        y = round_to_bf16(y)
+        # MX blocks run along the keys: quantize the transpose, reference per channel over all keys.
+        yt = y.transpose(-1, -2)  # (B, H, D, S)
+        s_k = yt.shape[-1]
+        pad = (-s_k) % 32
+        ytp = torch.nn.functional.pad(yt, (0, pad))
+        vct = carry_mx(ytp, recipe.v_format, scale_rule(recipe, "v", recipe.v_format), None)
+        vc = vct[..., :s_k].transpose(-1, -2)
+    return qc, kc, vc
+
+
+def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool) -> torch.Tensor:
+    """Difference 2: BF16 pattern of P * 2^sigma, rne(128 (X - m) + D + 128 sigma) in float64."""
+    t = torch.round(x.double() * 128.0 - m.double()[..., None] * 128.0 + (D_BITS + 128 * sigma))
+    t = torch.nan_to_num(t, nan=0.0, neginf=0.0)
+    t = torch.clamp(t, min=0.0, max=65535.0 if saturate else float("inf"))
+    bits = (t.to(torch.int64) << 16).to(torch.int32)
+    return bits.view(torch.float32)
+
+
+def reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None
+                        ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, int]]:
+    """What the sm_90 kernel computes, in PyTorch: ``(out (B, H, S_q, D) in q's dtype, lse, stats)``.
+
+    q : (B, H, S_q, D); k, v : (B, H, S_k, D); any device. Only the kernel's recipes (MX Q/K,
+    Schraudolph U16, frozen max) are accepted.
+    """
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    valid = None
+    if kv_lens is not None:
+        valid = torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]  # (B, S_k)
+    with torch.no_grad():
+        qc, kc, vc = operands(q, k, v, recipe, scale, valid)
+        sigma = P_SIGMA[recipe.p_format]
+        cap = min(recipe.rollback_cap_log2, P_HEADROOM_LOG2)
+        m = torch.full((b, h, s_q), float("-inf"), device=q.device)
+        l = torch.zeros((b, h, s_q), device=q.device)
+        o = torch.zeros((b, h, s_q, d), device=q.device)
+        stats = {"rollbacks": 0, "tiles": 0, "rollback_tiles": 0}
+        n_qt = -(-s_q // TILE)
+        for j, k0 in enumerate(range(0, s_k, TILE)):
+            k1 = min(k0 + TILE, s_k)
+            x = torch.matmul(qc, kc[:, :, k0:k1].transpose(-1, -2))
+            vm = None if valid is None else valid[:, None, None, k0:k1]
+            if vm is not None:
+                x = torch.where(vm, x, torch.full_like(x, float("-inf")))
+            live = torch.ones((b,), dtype=torch.bool, device=q.device) if valid is None else valid[:, k0]
+            stats["tiles"] += int(live.sum()) * h * n_qt
+            tmax = x.amax(dim=-1)
+            if j == 0:
+                m = torch.ceil(tmax * 128.0) / 128.0
+            elif recipe.rollback:
+                fire = (tmax - m > cap) & live[:, None, None]
+                if bool(fire.any()):
+                    delta = torch.where(fire, torch.ceil(tmax - m), torch.zeros_like(m))
+                    m = m + delta
+                    down = torch.exp2(-delta)
+                    o, l = o * down[..., None], l * down
+                    stats["rollbacks"] += int(fire.sum())
+                    pad = n_qt * TILE - s_q
+                    per = torch.nn.functional.pad(fire, (0, pad)).reshape(b, h, n_qt, TILE)
+                    stats["rollback_tiles"] += int(per.any(dim=-1).sum())
+            p = _stage_a(x, torch.where(torch.isfinite(m), m, torch.zeros_like(m)), sigma, not recipe.rollback)
+            if vm is not None:
+                p = torch.where(vm, p, torch.zeros_like(p))
+            if recipe.p_format == "mxfp6":
+                p_mx = fake_quantize_mx(p, E2M3, axis=-1, rule="floor", block=32)
+                l = l + p_mx.sum(dim=-1)
+                p8 = e4m3(p_mx)
+            else:
+                l = l + p.sum(dim=-1)
+                p8 = e4m3(p)
+            o = o + torch.matmul(p8, vc[:, :, k0:k1])
+        out = torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]).to(q.dtype)
+        lse = torch.log(l) - sigma * LN2 + m * LN2
+        lse = torch.where(l == 0, torch.full_like(lse, float("-inf")), lse)
+    stats["rollback_rate"] = stats["rollback_tiles"] / max(1, stats["tiles"])
+    return out, lse, stats
