@@ -13,7 +13,7 @@ import json
 import math
 import platform
 import sys
-from typing import Dict, List, Optional
+from typing import Dict, List
 
 NAME = "bench"
 HELP = "time the Triton kernel against torch SDPA (cuDNN, flash) and SageAttention on a CUDA GPU"
@@ -167,18 +167,22 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         out = torch.empty_like(q)
         pre_ms = timed(lambda: prepass(qq, kk, vv, plan, scale, None), warmup, rep)
         ker_ms = timed(lambda: attention_from_operands(ops, out, plan, s_q, s_k, None, None, None), warmup, rep)
-        del ops
-        peak0 = torch.cuda.max_memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
+        del ops, out
+        # Peak extra memory of one call (output included), measured outside do_bench (its L2-flush
+        # buffer and the previous call's output would count otherwise).
+        torch.cuda.synchronize()
         base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+        one = full()
+        torch.cuda.synchronize()
+        peak_extra = int(torch.cuda.max_memory_allocated() - base)
+        del one
         record(rname, full, {"prepass_ms": pre_ms, "kernel_ms": ker_ms,
                              "kernel_tflops": flops / ker_ms * 1e-9})
-        results[-1]["peak_extra_bytes"] = int(torch.cuda.max_memory_allocated() - base)
+        results[-1]["peak_extra_bytes"] = peak_extra
         results[-1]["qkv_bf16_bytes"] = int(2 * b * h * (s_q + 2 * s_k) * d)
         log(f"  {'':<14} pre-pass {pre_ms:.3f} ms, kernel {ker_ms:.3f} ms ({flops / ker_ms * 1e-9:.1f} TFLOP/s), "
-            f"peak extra {results[-1]['peak_extra_bytes'] / 2**20:.0f} MiB (Q+K+V bf16 "
-            f"{results[-1]['qkv_bf16_bytes'] / 2**20:.0f} MiB)")
-        del peak0
+            f"peak extra {peak_extra / 2**20:.0f} MiB (Q+K+V bf16 {results[-1]['qkv_bf16_bytes'] / 2**20:.0f} MiB)")
     cudnn = next((r["ms"] for r in results if r["method"] == "sdpa-cudnn"), None)
     for r in results:
         r["speedup_vs_cudnn"] = (cudnn / r["ms"]) if cudnn else None
