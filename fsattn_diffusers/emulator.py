@@ -117,6 +117,11 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     lse : Tensor (B, H, S_q) float32, natural log ``ln(l) + m ln 2``, or None.
     stats : dict with ``rollbacks``, ``tiles``, ``rollback_tiles``, ``rollback_rate``, or None.
     """
+    if recipe.numerics == "sm90":  # what the Hopper kernel computes (see sm90_numerics.py)
+        from .sm90_numerics import reference_attention
+
+        out, lse, st = reference_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens)
+        return out, (lse if return_lse else None), (st if return_stats else None)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     valid = _valid_keys(kv_lens, b, h, s_k, q.device)

@@ -27,6 +27,22 @@ def scale_rule(recipe: Recipe, operand: str, fmt_name: str) -> str:
     return DEFAULT_SCALE_RULE[fmt_name]
 
 
+def prequantize_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.Tensor:
+    """The BF16 value a quantized Q/K format rounds before quantizing: rotate, scale, round (float32).
+
+    AITER mha_v4_quant.cu: MXFP8 rounds the rotation to BF16 and then the scaled value again; the
+    MXFP6/MXFP4 (and per-tensor FP8) paths round ``rotate * rsqrt(d) * multiplier`` once.
+    """
+    y = round_to_bf16(x.to(torch.float32))
+    if recipe.hadamard:
+        rsqrt_d = 1.0 / math.sqrt(x.shape[-1])
+        y = fwht_unnormalized(y)
+        if recipe.qk_format == "mxfp8":
+            return round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier)
+        return round_to_bf16(y * rsqrt_d * multiplier)
+    return round_to_bf16(y * multiplier)
+
+
 def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> Tuple[torch.Tensor, float]:
     """Pre-pass of Q (``multiplier = alpha * log2 e``) or K (``multiplier = 1``).
 
@@ -43,24 +59,14 @@ def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> Tuple[torc
         ``fp32``/``bf16`` keep the operand as given and scale the scores, as a BF16 kernel does.
     """
     fmt = recipe.qk_format
-    d = x.shape[-1]
-    rsqrt_d = 1.0 / math.sqrt(d)
     if fmt in ("fp32", "bf16"):
         y = x.to(torch.float32)
         if fmt == "bf16":
             y = round_to_bf16(y)
         if recipe.hadamard:
-            y = fwht_unnormalized(y) * rsqrt_d
+            y = fwht_unnormalized(y) * (1.0 / math.sqrt(x.shape[-1]))
         return y, multiplier
-    # AITER mha_v4_quant.cu: MXFP8 rounds the rotation to BF16 and then the scaled value again; the
-    # MXFP6/MXFP4 (and per-tensor FP8) paths round rotate * rsqrt(d) * multiplier once.
-    y = round_to_bf16(x.to(torch.float32))
-    if recipe.hadamard:
-        y = fwht_unnormalized(y)
-        y = round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier) if fmt == "mxfp8" else \
-            round_to_bf16(y * rsqrt_d * multiplier)
-    else:
-        y = round_to_bf16(y * multiplier)
+    y = prequantize_qk(x, recipe, multiplier)
     if fmt == "fp8":
         return fake_quantize_fp8_tensor(y), 1.0
     elem = MX_ELEMENT[fmt]

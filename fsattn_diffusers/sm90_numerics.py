@@ -34,8 +34,7 @@ from typing import Dict, Optional, Tuple
 import torch
 
 from .formats import E2M3, E4M3, MX_ELEMENT, fake_quantize_mx, round_to_bf16, round_to_elem, shared_exponent
-from .hadamard import fwht_unnormalized
-from .operands import LOG2E, prepare_v, scale_rule
+from .operands import LOG2E, prepare_v, prequantize_qk, scale_rule
 from .recipe import Recipe
 
 #: Rows of a query tile and keys of a key tile of the sm_90 kernel.
@@ -53,18 +52,6 @@ LN2 = math.log(2.0)
 def e4m3(x: torch.Tensor) -> torch.Tensor:
     """Nearest-even, saturating E4M3 value of ``x`` (float32)."""
     return round_to_elem(x, E4M3)
-
-
-def _prequant_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.Tensor:
-    """The value MX-quantized in the pre-pass (mirror of operands.prepare_qk before quantization)."""
-    rsqrt_d = 1.0 / math.sqrt(x.shape[-1])
-    y = round_to_bf16(x.to(torch.float32))
-    if recipe.hadamard:
-        y = fwht_unnormalized(y)
-        if recipe.qk_format == "mxfp8":
-            return round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier)
-        return round_to_bf16(y * rsqrt_d * multiplier)
-    return round_to_bf16(y * multiplier)
 
 
 def carry_mx(y: torch.Tensor, fmt_name: str, rule: str, tile: Optional[int]) -> torch.Tensor:
@@ -90,8 +77,8 @@ def carry_mx(y: torch.Tensor, fmt_name: str, rule: str, tile: Optional[int]) -> 
 def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor]):
     """(Q, K, V) float32 values the sm_90 kernel multiplies; (B, H, S, D) each."""
     rule = scale_rule(recipe, "qk", recipe.qk_format)
-    qc = carry_mx(_prequant_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE)
-    kc = carry_mx(_prequant_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE)
+    qc = carry_mx(prequantize_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE)
+    kc = carry_mx(prequantize_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE)
     vmask = None if valid is None else valid[:, None, :, None]
     if recipe.v_format == "fp8_tensor":
         vc = prepare_v(v, recipe, vmask)
