@@ -4,18 +4,13 @@ import json
 import os
 import subprocess
 import sys
-import warnings
 
 import pytest
 
 from fsattn_diffusers.cli import main
 
 
-@pytest.fixture(autouse=True)
-def quiet_slow_backend_warning():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*emulator.*slow")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_slow_backend_warning")
 
 
 def _read_mp4(path):

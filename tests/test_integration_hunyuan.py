@@ -13,11 +13,7 @@ EXACT_REL_BOUND = 1e-5  # our joint path with FP32 attention vs stock SDPA
 TEXT_LEN, VALID = 8, (5, 8)  # batch 0 has 3 padded text tokens, batch 1 none
 
 
-@pytest.fixture(autouse=True)
-def quiet_slow_backend_warning():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*emulator.*slow")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_slow_backend_warning")
 
 
 @pytest.fixture(scope="module")

@@ -4,7 +4,6 @@ Wan2.2 (two experts, boundary ratio, classifier-free guidance: two transformer c
 pipeline passes a step index) and HunyuanVideo (no step index; with and without true CFG).
 """
 
-import warnings
 
 import pytest
 import torch
@@ -17,11 +16,7 @@ WAN_LAYERS = 2  # self-attention layers per tiny Wan expert
 HUNYUAN_LAYERS = 2  # one dual-stream + one single-stream block
 
 
-@pytest.fixture(autouse=True)
-def quiet_slow_backend_warning():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*emulator.*slow")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_slow_backend_warning")
 
 
 @pytest.fixture(scope="module")

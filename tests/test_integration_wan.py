@@ -31,11 +31,7 @@ def model_and_inputs():
     return model, (x, t, ctx)
 
 
-@pytest.fixture(autouse=True)
-def quiet_slow_backend_warning():
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*emulator.*slow")
-        yield
+pytestmark = pytest.mark.usefixtures("quiet_slow_backend_warning")
 
 
 def _run(model, inputs):
