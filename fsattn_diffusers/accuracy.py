@@ -81,8 +81,8 @@ def table4_recipe(row: str, column: str) -> Recipe:
 
 
 def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):
-    """Global relative Frobenius error and flattened cosine similarity (float64)."""
-    o, r = out.double().flatten(), ref.double().flatten()
+    """Global relative Frobenius error and flattened cosine similarity (float64, on ``ref``'s device)."""
+    o, r = out.to(ref.device).double().flatten(), ref.double().flatten()
     err = ((o - r).norm() / r.norm()).item()
     cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
     return err, cos

@@ -186,7 +186,7 @@ def compare(recipe: str, sharded: Dict[str, torch.Tensor], q, k, v, backend: str
     for mode, out in sharded.items():
         e_sharded, _ = error_and_cosine(out, ref)
         rows.append(dict(recipe=recipe, mode=mode, e_single=e_single, e_sharded=e_sharded,
-                         max_abs_diff=(out.double() - single.double().cpu()).abs().max().item(),
+                         max_abs_diff=(out.double().cpu() - single.double().cpu()).abs().max().item(),
                          ok=within_tolerance(e_sharded, e_single)))
     return rows
 
