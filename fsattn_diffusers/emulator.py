@@ -12,8 +12,7 @@ from typing import Dict, Optional, Tuple
 
 import torch
 
-from .exponent import stage_a
-from .operands import LOG2E, prepare_qk, prepare_v, stage_b
+from .numerics import MI355XNumerics, numerics_for
 from .recipe import Recipe
 
 LN2 = math.log(2.0)
@@ -30,33 +29,25 @@ def rollback_gate(tile_max: torch.Tensor, m: torch.Tensor, cap_log2: int) -> tor
     return (tile_max - m) > cap_log2
 
 
-def _valid_keys(kv_lens: Optional[torch.Tensor], b: int, h: int, s_k: int, device) -> Optional[torch.Tensor]:
-    """(B*H, S_k) bool mask of valid keys, or None when every key is valid."""
-    if kv_lens is None:
-        return None
-    pos = torch.arange(s_k, device=device)
-    valid = pos[None, :] < kv_lens.to(device)[:, None]  # (B, S_k)
-    return valid[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
-
-
 def _new_stats() -> Dict[str, int]:
     return {"rollbacks": 0, "tiles": 0, "rollback_tiles": 0}
 
 
 def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Optional[torch.Tensor],
-                  post_mult: float, recipe: Recipe, stats: Dict[str, int]):
+                  post_mult: float, num: MI355XNumerics, stats: Dict[str, int]):
     """Algorithm 1 for rows ``q`` (G, R, D) against keys ``k``/``v`` (G, S_k, D), operands prepared.
 
     Returns ``(O (G, R, D), l (G, R), m (G, R))``, unnormalized, m in base-2 units.
     """
+    recipe = num.recipe
     g, r, _ = q.shape
     s_k = k.shape[1]
-    n = recipe.tile_n
+    n = num.tile_n
     neg_inf = torch.tensor(float("-inf"), device=q.device)
     m = torch.full((g, r), float("-inf"), device=q.device)
     l = torch.zeros((g, r), device=q.device)
     o = torch.zeros((g, r, v.shape[-1]), device=q.device)
-    n_qt = -(-r // recipe.tile_m)
+    n_qt = -(-r // num.tile_m)
     for j, k0 in enumerate(range(0, s_k, n)):
         k1 = min(k0 + n, s_k)
         x = torch.matmul(q, k[:, k0:k1].transpose(1, 2))
@@ -75,24 +66,23 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
             rescale = torch.where(torch.isneginf(m_new), torch.ones_like(m), torch.exp2(m - m_new))
             o, l, m = o * rescale[..., None], l * rescale, m_new
         elif j == 0:
-            m = tile_max  # line 2: the speculative reference, frozen from here on
+            m = num.seed(tile_max)  # line 2: the speculative reference, frozen from here on
         elif recipe.rollback:
-            fire = rollback_gate(tile_max, m, recipe.rollback_cap_log2)
+            fire = rollback_gate(tile_max, m, num.cap_log2)
             if bool(fire.any()):  # rare path (lines 8-13): exact power-of-two recovery
                 delta = torch.where(fire, torch.ceil(tile_max - m), torch.zeros_like(m))
                 m = m + delta
                 down = torch.exp2(-delta)
                 o, l = o * down[..., None], l * down
                 stats["rollbacks"] += int(fire.sum())
-                pad = n_qt * recipe.tile_m - r
-                per_tile = torch.nn.functional.pad(fire, (0, pad)).reshape(g, n_qt, recipe.tile_m)
+                pad = n_qt * num.tile_m - r
+                per_tile = torch.nn.functional.pad(fire, (0, pad)).reshape(g, n_qt, num.tile_m)
                 stats["rollback_tiles"] += int(per_tile.any(dim=-1).sum())
-        m_safe = torch.where(torch.isfinite(m), m, torch.zeros_like(m))
-        p = stage_a(x - m_safe[..., None], recipe.exponential, recipe.proxy)
+        p = num.stage_a(x, torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
         if vmask is not None:
             p = torch.where(vmask, p, torch.zeros_like(p))
-        p_hat = stage_b(p, recipe)
-        l = l + (p_hat if recipe.rowsum_gemm else p).sum(dim=-1)
+        p_hat, row_sum = num.stage_b(p)
+        l = l + row_sum
         o = o + torch.matmul(p_hat, v[:, k0:k1])
     return o, l, m
 
@@ -100,7 +90,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
 def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
                       return_lse: bool = False, return_stats: bool = False
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[Dict]]:
-    """Reference Fused-Softmax attention.
+    """Reference Fused-Softmax attention under ``recipe.numerics`` (``mi355x`` or ``sm90``).
 
     Parameters
     ----------
@@ -114,32 +104,27 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     Returns
     -------
     out : Tensor (B, H, S_q, D) in q's dtype; rows without a valid key are 0.
-    lse : Tensor (B, H, S_q) float32, natural log ``ln(l) + m ln 2``, or None.
+    lse : Tensor (B, H, S_q) float32, natural log ``ln(l) + m ln 2`` (less P's constant scale), or None.
     stats : dict with ``rollbacks``, ``tiles``, ``rollback_tiles``, ``rollback_rate``, or None.
     """
-    if recipe.numerics == "sm90":  # what the Hopper kernel computes (see sm90_numerics.py)
-        from .sm90_numerics import reference_attention
-
-        out, lse, st = reference_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens)
-        return out, (lse if return_lse else None), (st if return_stats else None)
+    num = numerics_for(recipe)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
-    valid = _valid_keys(kv_lens, b, h, s_k, q.device)
+    valid_b = None if kv_lens is None else torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]
     with torch.no_grad():
-        qo, post = prepare_qk(q, recipe, scale * LOG2E)
-        ko, _ = prepare_qk(k, recipe, 1.0)
-        vmask = None if valid is None else valid.reshape(b, h, s_k)[..., None]
-        vo = prepare_v(v, recipe, vmask)
+        qo, ko, vo, post = num.operands(q, k, v, scale, valid_b)
         qo, ko, vo = (t.reshape(b * h, t.shape[2], d) for t in (qo, ko, vo))
+        valid = None if valid_b is None else valid_b[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
         stats = _new_stats()
         # Chunk the rows (in whole query tiles) so one score slab stays bounded.
-        rows = max(recipe.tile_m, (_SLAB_ELEMENTS // max(1, b * h * recipe.tile_n)) // recipe.tile_m * recipe.tile_m)
+        rows = max(num.tile_m, (_SLAB_ELEMENTS // max(1, b * h * num.tile_n)) // num.tile_m * num.tile_m)
         outs, lses = [], []
         for r0 in range(0, s_q, rows):
-            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, recipe, stats)
+            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats)
             outs.append(torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]))
             if return_lse:
-                lses.append(torch.log(l) + m * LN2)
+                lse = torch.log(l) + (m - num.p_scale_log2) * LN2
+                lses.append(torch.where(l == 0, torch.full_like(lse, float("-inf")), lse))
         out = torch.cat(outs, dim=1).reshape(b, h, s_q, d).to(q.dtype)
         lse = torch.cat(lses, dim=1).reshape(b, h, s_q) if return_lse else None
     if return_stats:

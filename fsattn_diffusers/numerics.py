@@ -1,0 +1,92 @@
+"""Per-target numerics of one Algorithm 1 step; the tiled loop that uses them is in :mod:`.emulator`.
+
+``MI355XNumerics`` is the paper's kernels (NUMERICS.md); ``SM90Numerics`` is what our Hopper kernel
+computes (``sm90_numerics.py`` documents each difference). Both answer the same questions: the operands,
+the frozen reference seeded from key tile 0, the gate cap, Stage-A, Stage-B with the row-sum term, and
+the tile sizes.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from .exponent import stage_a as exponent_stage_a
+from .formats import E2M3, fake_quantize_mx
+from .operands import LOG2E, prepare_qk, prepare_v, stage_b
+from .recipe import Recipe
+
+
+class MI355XNumerics:
+    """The paper's semantics: operands of Table 3, frozen max = row max of tile 0, cap ``2^cap``."""
+
+    def __init__(self, recipe: Recipe):
+        self.recipe = recipe
+        self.tile_m, self.tile_n = recipe.tile_m, recipe.tile_n
+        self.cap_log2 = recipe.rollback_cap_log2
+        #: log2 of the constant factor P carries (subtracted from the LSE).
+        self.p_scale_log2 = 0
+
+    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor]):
+        """(Q, K, V) float32 (B, H, S, D) values the GEMMs multiply, and the factor applied to scores.
+
+        ``valid``: (B, S_k) bool or None."""
+        qo, post = prepare_qk(q, self.recipe, scale * LOG2E)
+        ko, _ = prepare_qk(k, self.recipe, 1.0)
+        vo = prepare_v(v, self.recipe, None if valid is None else valid[:, None, :, None])
+        return qo, ko, vo, post
+
+    def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
+        """The frozen reference from key tile 0 (Algorithm 1, line 2)."""
+        return tile_max
+
+    def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return exponent_stage_a(x - m[..., None], self.recipe.exponential, self.recipe.proxy)
+
+    def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """(P operand of the PV GEMM, this tile's row-sum contribution)."""
+        p_hat = stage_b(p, self.recipe)
+        return p_hat, (p_hat if self.recipe.rowsum_gemm else p).sum(dim=-1)
+
+
+class SM90Numerics(MI355XNumerics):
+    """The Hopper kernel: E4M3-carried MX operands, reference on a 1/128 grid, cap ``min(cap, 4)``,
+    P scaled by a fixed ``2^sigma`` per row (see ``sm90_numerics.py``)."""
+
+    def __init__(self, recipe: Recipe):
+        from . import sm90_numerics as sm90
+
+        if not (recipe.frozen_max and recipe.exponential == "schraudolph" and recipe.proxy == "u16"
+                and recipe.p_format in sm90.P_SIGMA and recipe.qk_format.startswith("mx")):
+            raise ValueError(f"numerics='sm90' covers the Hopper kernel's recipes only (MX Q/K, Schraudolph U16, "
+                             f"frozen max, P fp8_row or mxfp6), got {recipe}; accepted: mxfp8, mxfp6, mxfp4")
+        super().__init__(recipe)
+        self._sm90 = sm90
+        self.tile_m = self.tile_n = sm90.TILE
+        self.cap_log2 = min(recipe.rollback_cap_log2, sm90.P_HEADROOM_LOG2)
+        self.p_scale_log2 = sm90.P_SIGMA[recipe.p_format]
+
+    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor]):
+        qc, kc, vc = self._sm90.operands(q, k, v, self.recipe, scale, valid)
+        return qc, kc, vc, 1.0
+
+    def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
+        return torch.ceil(tile_max * 128.0) / 128.0
+
+    def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return self._sm90._stage_a(x, m, self.p_scale_log2, not self.recipe.rollback)
+
+    def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        if self.recipe.p_format == "mxfp6":
+            p = fake_quantize_mx(p, E2M3, axis=-1, rule="floor", block=32)
+        return self._sm90.e4m3(p), p.sum(dim=-1)
+
+
+def numerics_for(recipe: Recipe) -> MI355XNumerics:
+    """The numerics object of ``recipe.numerics``."""
+    return SM90Numerics(recipe) if recipe.numerics == "sm90" else MI355XNumerics(recipe)
+
+
+LN2 = math.log(2.0)
