@@ -280,3 +280,10 @@ def test_cpu_shape_from_the_issue_runs():
     out = fa.attention(q, k, v, "mxfp8")
     print(f"(1, 2, 4096, 128) mxfp8 on the emulator: {time.perf_counter() - t0:.2f} s")
     assert torch.isfinite(out).all()
+
+
+def test_sm90_numerics_refuses_recipes_the_kernel_does_not_run():
+    q = rand(1, 40, 1, 64, seed=80)
+    with pytest.raises(ValueError, match="accepted: mxfp8, mxfp6, mxfp4") as info:
+        fa.attention(q, q, q, PRESETS["bf16"].replace(numerics="sm90"))
+    assert "\n" not in str(info.value)
