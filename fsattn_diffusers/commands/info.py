@@ -15,11 +15,23 @@ def add_arguments(p) -> None:
     p.add_argument("--device", default=None, help="device to check backends for (default: cuda if present, else cpu)")
 
 
-def _version(mod: str) -> str:
+def _version(mod: str, must_import: bool) -> str:
+    """Installed version; ``must_import`` also imports it (xfuser, for one, refuses a CPU-only torch)."""
+    from importlib import metadata
+
     try:
-        return getattr(importlib.import_module(mod), "__version__", "installed")
-    except Exception as exc:  # noqa: BLE001 - report whatever stops the import
-        return f"not usable ({type(exc).__name__})"
+        version = metadata.version({"aiter": "amd-aiter"}.get(mod, mod))
+    except metadata.PackageNotFoundError:
+        version = None  # AITER built from source may carry no distribution metadata
+    if must_import:
+        try:
+            importlib.import_module(mod)
+        except ModuleNotFoundError:
+            return "not installed" if version is None else f"{version}, not importable"
+        except Exception as exc:  # noqa: BLE001 - report whatever stops the import
+            return f"{version or 'installed'}, not usable ({type(exc).__name__})"
+        return version or "installed"
+    return version or "not installed"
 
 
 def run(args) -> int:
@@ -27,8 +39,9 @@ def run(args) -> int:
     from ..backends import availability
 
     print(f"fsattn-diffusers {__version__}  python {platform.python_version()}  torch {torch.__version__}")
-    for mod in ("triton", "diffusers", "transformers", "xfuser", "aiter", "torchao"):
-        print(f"  {mod:<13}{_version(mod)}")
+    for mod, must_import in (("triton", True), ("diffusers", False), ("transformers", False), ("xfuser", True),
+                             ("aiter", True), ("torchao", False)):
+        print(f"  {mod:<13}{_version(mod, must_import)}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)
