@@ -78,8 +78,10 @@ def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor
     """(Q, K, V) float32 values the sm_90 kernel multiplies; (B, H, S, D) each."""
     rule = scale_rule(recipe, "qk", recipe.qk_format)
     qc = carry_mx(prequantize_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE)
-    kc = carry_mx(prequantize_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE)
     vmask = None if valid is None else valid[:, None, :, None]
+    if vmask is not None:  # keys past kv_lens are zero before the carry: they must not raise a tile's exponent
+        k = torch.where(vmask, k, torch.zeros_like(k))
+    kc = carry_mx(prequantize_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE)
     if recipe.v_format == "fp8_tensor":
         vc = prepare_v(v, recipe, vmask)
     else:
@@ -104,6 +106,30 @@ def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool) -> to
     t = torch.clamp(t, min=0.0, max=65535.0 if saturate else float("inf"))
     bits = (t.to(torch.int64) << 16).to(torch.int32)
     return bits.view(torch.float32)
+
+
+def mxfp6_p_scaled_e4m3(p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The ``fast`` kernel's Stage-B for MXFP6 P (kernels.fused_attention._stage_ab_fast), in PyTorch.
+
+    ``p`` (..., 32k): non-negative BF16-valued float32 (Stage-A values), blocks of 32 along the last axis.
+    Returns ``(p8, block_sums)``: the PV operand values and the per-block sums of the MXFP6 values.
+    ``p8`` equals ``e4m3(fake_quantize_mx(p, E2M3, rule='floor'))`` exactly (tests/test_sm90_numerics.py
+    checks it): with ``E`` the BF16 exponent field of the block maximum (``s = E - 129``), adding
+    ``128 (123 - E)`` to the 16-bit patterns maps ``2^s`` onto E4M3's smallest normal ``2^-6``, where E4M3's
+    nearest-even rounding is E2M3's (clamped at 7.5 * 2^-6); the code is rescaled by ``2^(s+6)`` (f16 in
+    the kernel, exact) and rounded to E4M3 again. ``E < 7`` (block maximum below 2^-120) is treated as 7:
+    those blocks' P8 is 0 either way and their sums (below 2^-110) vanish against ``l``.
+    """
+    u = (p.contiguous().view(torch.int32) >> 16).to(torch.int64)
+    ub = u.reshape(*u.shape[:-1], -1, 32)
+    e128 = torch.clamp(ub.amax(dim=-1, keepdim=True) & 0x7F80, min=896)
+    g = torch.clamp(ub - e128 + 15744, min=0)
+    x = (g.to(torch.int32) << 16).view(torch.float32)
+    code = torch.clamp(e4m3(x), max=0.1171875)
+    kexp = (e128 >> 7) - 123
+    p8 = e4m3(code * torch.exp2(torch.clamp(kexp, min=-10).to(torch.float32)))
+    sums = code.sum(dim=-1) * torch.exp2(kexp[..., 0].to(torch.float32))
+    return p8.reshape(p.shape), sums
 
 
 def reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None

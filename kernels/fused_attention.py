@@ -56,10 +56,70 @@ def _stage_ab(acc, s128, c, P_MX: tl.constexpr, SATURATE: tl.constexpr, BM: tl.c
     return p.to(tl.float8e4nv), psum
 
 
+# FSATTN_KERNEL_VARIANT=fast (opt-in, see benchmarks/NOTES.md): the same values with fewer instructions.
+# 7.5 * 2^-6 (E2M3's largest value with the block scale mapped onto E4M3's smallest normal 2^-6).
+E2M3_MAX_SCALED = tl.constexpr(0.1171875)
+
+
+@triton.jit
+def _perm_p(p8, BM: tl.constexpr, BN: tl.constexpr):
+    """P's key columns in the order of the FP8 wgmma A fragment: column a holds key
+    phi(a) = a0 + 2 a2 + 4 a3 + 8 a1 (bits of a within each 16 keys), so that every thread's accumulator
+    elements are its own A-operand bytes (no SHFL/SEL). V8T is stored in the same order (pre-pass PERM_V)."""
+    p6 = tl.reshape(p8, (BM, BN // 16, 2, 2, 2, 2))  # (rows, c>>4, c3, c2, c1, c0)
+    return tl.reshape(tl.permute(p6, (0, 1, 3, 4, 2, 5)), (BM, BN))
+
+
+@triton.jit
+def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                   RNE_CVT: tl.constexpr):
+    """Stage-A + Stage-B of the gated kernel, same values as :func:`_stage_ab` (GATE=True).
+
+    fp8_row: as _stage_ab. mxfp6 P: the block maximum of the 16-bit proxy patterns is taken on ``acc``
+    (the FMA and the clamp are monotone), its exponent field ``E`` gives the floor-rule scale
+    ``s = E - 129``, and adding ``128 (123 - E)`` to the FMA's constant moves the block onto E4M3's grid
+    with ``2^s -> 2^-6``: there E4M3's nearest-even conversion IS E2M3 rounding (3 mantissa bits, subnormal
+    quantum 2^-9 = 2^(s-3) scaled), once the value is clamped at 7.5 * 2^-6 (E2M3's saturation). The
+    E4M3 code ``e`` is then rescaled by ``2^(s+6)`` in f16 (exact) and converted again (exact: the
+    reference's E4M3 of the MXFP6 value). Row sum: ``sum_b 2^(s_b+6) * sum(e_b)`` (block sums exact in f16).
+    Blocks whose maximum is below 2^-120 are treated as E = 7 (their P8 is 0 either way; their row-sum
+    contribution is below 2^-110, under l's half ulp).
+    """
+    if P_MX:
+        a3 = tl.reshape(acc, (BM, BN // 32, 32))  # amax: (BM, BN // 32) block maxima of acc
+        fmax = tl.maximum(amax * s128 + c[:, None], 12582912.0)  # s128: a scalar
+        e128 = tl.maximum(fmax.to(tl.int32, bitcast=True) & 0x7F80, 896)  # 128 * max(E, 7)
+        # c_b = c + 128 (123 - E), exact: (2^23 + 128 E) - (2^23 + 15744) is an exact small integer.
+        cb = c[:, None] - ((e128 | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 15744.0))
+        g = tl.maximum(a3 * s128 + cb[:, :, None], 12582912.0)
+        x = (g.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
+        if RNE_CVT:
+            x = round_elem(x, 3, -6, 448.0)
+        e16 = x.to(tl.float8e4nv).to(tl.float16)
+        e16 = tl.minimum(e16, tl.full(e16.shape, E2M3_MAX_SCALED, tl.float16))
+        kexp = (e128 >> 7) - 123  # s + 6
+        sc16 = ((tl.maximum(kexp, -10) + 15) << 10).to(tl.int16).to(tl.float16, bitcast=True)
+        y = e16 * sc16[:, :, None]
+        if RNE_CVT:
+            y = round_elem(y.to(tl.float32), 3, -6, 448.0)
+        p8 = tl.reshape(y.to(tl.float8e4nv), (BM, BN))
+        bsum = tl.sum(e16, axis=2).to(tl.float32)  # exact: < 4, on the 2^-9 grid
+        psum = tl.sum(bsum * ((kexp + 127) << 23).to(tl.float32, bitcast=True), axis=1)
+    else:
+        f = tl.maximum(acc * s128 + c[:, None], 12582912.0)
+        p = (f.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
+        psum = tl.sum(p, axis=1)
+        if RNE_CVT:
+            p = round_elem(p, 3, -6, 448.0)
+        p8 = p.to(tl.float8e4nv)
+    return p8, psum
+
+
 @triton.jit
 def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, ones8, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
-          P_MX: tl.constexpr, ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr):
+          P_MX: tl.constexpr, ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr,
+          FAST: tl.constexpr = False, PERM: tl.constexpr = False):
     """One steady-state key tile (lines 6-18 of Algorithm 1)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
@@ -67,8 +127,14 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
     if MASKED:
         kidx = t * BN + tl.arange(0, BN)
         acc = tl.where((kidx < n_keys)[None, :], acc, float("-inf"))
+    bmax = acc  # unused unless FAST and P_MX
+    if FAST and P_MX:  # the block maxima give P's scales and, reduced once more, the gate's row maxima
+        bmax = tl.max(tl.reshape(acc, (BM, BN // 32, 32)), axis=2)
     if GATE:
-        amax = tl.max(acc, axis=1)
+        if FAST and P_MX:
+            amax = tl.max(bmax, axis=1)
+        else:
+            amax = tl.max(acc, axis=1)
         fire = amax > (m + CAP) * pow2(-e_t)
         if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13)
             delta = tl.where(fire, tl.math.ceil(amax * pow2(e_t) - m), 0.0)
@@ -79,11 +145,16 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
             l = l * down
             nrows += tl.sum((fire & row_ok).to(tl.int32), axis=0)
             ntiles += 1
-    p8, psum = _stage_ab(acc, pow2(e_t + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
+    if FAST and GATE:
+        p8, psum = _stage_ab_fast(acc, bmax, pow2(e_t + 7), c, P_MX, BM, BN, RNE_CVT)
+    else:
+        p8, psum = _stage_ab(acc, pow2(e_t + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
     if ROWSUM_DOT:
         l += tl.max(tl.dot(p8, ones8), axis=1)
     else:
         l += psum
+    if PERM:
+        p8 = _perm_p(p8, BM, BN)
     vt = tl.load(vt_ptrs)
     o = tl.dot(p8, tl.trans(vt), o)
     return o, l, m, c, nrows, ntiles
@@ -95,7 +166,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_KVL: tl.constexpr,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
                       SIGMA: tl.constexpr, ROWSUM_DOT: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      RNE_CVT: tl.constexpr):
+                      RNE_CVT: tl.constexpr, FAST: tl.constexpr = False, PERM: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -127,21 +198,29 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
         c = (12582912.0 + 16249.0 + 128.0 * SIGMA) - 128.0 * m
-        p8, psum = _stage_ab(acc, pow2(e0 + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
+        if FAST and GATE:
+            bmax0 = acc
+            if P_MX:
+                bmax0 = tl.max(tl.reshape(acc, (BM, BN // 32, 32)), axis=2)
+            p8, psum = _stage_ab_fast(acc, bmax0, pow2(e0 + 7), c, P_MX, BM, BN, RNE_CVT)
+        else:
+            p8, psum = _stage_ab(acc, pow2(e0 + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
         if ROWSUM_DOT:
             l += tl.max(tl.dot(p8, ones8), axis=1)
         else:
             l += psum
+        if PERM:
+            p8 = _perm_p(p8, BM, BN)
         o = tl.dot(p8, tl.trans(tl.load(vt_ptrs)), o)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
                                               vt_ptrs + t * BN, KE_row, t, n_keys, ones8, row_ok, BN, False,
-                                              GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT)
+                                              GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM)
         if (n_full >= 1) & (n_full * BN < n_keys):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + n_full * BN * D,
                                               vt_ptrs + n_full * BN, KE_row, n_full, n_keys, ones8, row_ok,
-                                              BN, True, GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT)
+                                              BN, True, GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

@@ -23,7 +23,11 @@ NUM_STAGES = 3
 # the paper shape). "ws": the warp-specialized variant in fused_attention_ws.py; it compiles to
 # producer + consumer partitions but hung on the H200 (Triton 3.6, 2026-11-29): experimental, opt-in.
 # MXFP6 P (mxfp6/mxfp4 recipes) always takes "classic": Triton 3.6 cannot warp-specialize its block max.
+# "fast": the classic kernel with FAST=True (mxfp6 P's Stage-B by scaled E4M3 conversion, the block maxima
+# shared with the gate) and PERM=True (P's key columns in the FP8 A-fragment order, V8T stored to match):
+# same values as classic up to the PV GEMM's summation order; opt-in until measured (benchmarks/NOTES.md).
 VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "classic")
+VARIANTS = ("classic", "ws", "fast")
 
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None):
@@ -31,20 +35,21 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
     nan_pad = (variant or VARIANT) == "ws" and not INTERPRET and not plan.p_mxfp6
     q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=True)
     k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad)
-    v8t, vs = prepare_v(v, plan, kv_lens)
+    v8t, vs = prepare_v(v, plan, kv_lens, perm=(variant or VARIANT) == "fast")
     return q8, qe, k8, ke, v8t, vs
 
 
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
                             kv_lens: Optional[torch.Tensor], lse: Optional[torch.Tensor],
                             stats: torch.Tensor, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS,
-                            num_stages: int = NUM_STAGES, variant: str = VARIANT) -> None:
+                            num_stages: int = NUM_STAGES, variant: Optional[str] = None) -> None:
     """Launch the attention kernel on pre-pass outputs, writing ``out`` (B, H, S_q, D view, any strides).
 
     ``stats`` is a (2,) int32 tensor that receives (rows rolled back, query x key tile pairs rolled
     back) when ``variant`` is ``classic``; for ``ws`` pass ``stats=None`` to skip the counting, or a
     tensor to get them (counted through a flag buffer).
     """
+    variant = variant or VARIANT
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
@@ -60,7 +65,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
-        ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, num_warps=num_warps)
+        ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, FAST=variant == "fast",
+        PERM=variant == "fast", num_warps=num_warps)
 
 
 def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):

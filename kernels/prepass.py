@@ -45,7 +45,10 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     rows = pid_s * BS + tl.arange(0, BS)
     cols = tl.arange(0, D)
     ptrs = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :] * sxd
-    x = round_bf16(tl.load(ptrs, mask=rows[:, None] < S, other=0.0).to(tl.float32))
+    n = S
+    if HAS_KVL:  # K: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent
+        n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
+    x = round_bf16(tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32))
     if HAD:
         hm = tl.load(HM + cols[:, None] * D + cols[None, :])
         if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
@@ -70,9 +73,6 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
     q8 = round_elem(tl.reshape(elem * pow2(shift)[:, :, None], (BS, D)), 3, -6, 448.0)
     if NAN_PAD:
-        n = S
-        if HAS_KVL:
-            n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
         q8 = tl.where(rows[:, None] < n, q8, float("nan"))
     q8 = q8.to(tl.float8e4nv)
     tl.store(OUT + bh.to(tl.int64) * SP * D + rows[:, None] * D + cols[None, :], q8)
@@ -106,7 +106,7 @@ def _v_amax_kernel(V, svb, svh, svs, svd, KVL, AMAX, H, S,
 def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
                     D: tl.constexpr, BS: tl.constexpr, MX: tl.constexpr, HAS_KVL: tl.constexpr,
                     RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                    MAXV: tl.constexpr, EMAX: tl.constexpr):
+                    MAXV: tl.constexpr, EMAX: tl.constexpr, PERM_V: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -130,7 +130,11 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
         v8 = round_elem(tl.math.div_rn(x, scale), 3, -6, 448.0)
         vs = tl.zeros((D,), tl.float32) + scale
-    tl.store(OUT + bh.to(tl.int64) * D * SP + cols[:, None] * SP + rows[None, :], tl.trans(v8.to(tl.float8e4nv)))
+    pos = rows
+    if PERM_V:  # the fast kernel's P column order (fused_attention._perm_p): key c at a = c0 + 2c3 + 4c1 + 8c2
+        r = rows & 15
+        pos = (rows - r) + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 1) * 4 + ((r >> 2) & 1) * 8
+    tl.store(OUT + bh.to(tl.int64) * D * SP + cols[:, None] * SP + pos[None, :], tl.trans(v8.to(tl.float8e4nv)))
     if pid_s == 0:
         tl.store(VS + bh * D + cols, vs)
 
@@ -163,8 +167,10 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     x8 : Tensor (B, H, SP, D) float8_e4m3fn, SP = S rounded up to 128, padded rows zero.
     exps : Tensor (B, H, SP) or (B, H, SP / 128) int32.
 
-    With ``nan_pad`` (K), rows at or past ``kv_lens[b]`` (or S) are written as E4M3 NaN: the attention
-    kernel's scores there are NaN, which its max and clamp drop (masking without a select).
+    With ``kv_lens`` (K), rows at or past ``kv_lens[b]`` are quantized as zeros (a padded key's value
+    must not change the shared exponent of its key tile). With ``nan_pad`` (K), rows at or past
+    ``kv_lens[b]`` (or S) are written as E4M3 NaN: the attention kernel's scores there are NaN, which its
+    max and clamp drop (masking without a select).
     """
     b, h, s, d = x.shape
     sp = padded(s, ROWS)
@@ -176,12 +182,12 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier),
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
-        NAN_PAD=nan_pad, HAS_KVL=nan_pad and kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
+        NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
         num_warps=8)
     return out, exps
 
 
-def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None):
+def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = False):
     """V to the PV GEMM's B operand.
 
     Parameters
@@ -190,7 +196,9 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None):
 
     Returns
     -------
-    v8t : Tensor (B, H, D, SKP) float8_e4m3fn (keys contiguous), padded keys zero.
+    v8t : Tensor (B, H, D, SKP) float8_e4m3fn (keys contiguous), padded keys zero. With ``perm`` (the
+        ``fast`` kernel variant) the keys of every aligned group of 16 are stored in the order of the FP8
+        wgmma A fragment (key c at position c0 + 2 c3 + 4 c1 + 8 c2, bits of c mod 16).
     vs : Tensor (B, H, D) float32, per-channel factor: V = v8t^T * vs.
     """
     b, h, s, d = v.shape
@@ -206,5 +214,5 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None):
     mbits, emin, maxv, emax = ELEM[plan.v_fmt]
     _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=plan.v_mx,
                           HAS_KVL=has_kvl, RULE=plan.v_rule, T0=plan.v_t0, MBITS=mbits, EMIN=emin,
-                          MAXV=maxv, EMAX=emax, num_warps=8)
+                          MAXV=maxv, EMAX=emax, PERM_V=perm, num_warps=8)
     return out, vs

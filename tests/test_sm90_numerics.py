@@ -43,3 +43,38 @@ def test_emulator_numerics_sm90_mode_runs_the_sm90_reference(recipe):
     e_sm, _ = error_and_cosine(out, ref)
     print(f"{recipe}: error vs exact, mi355x {e_mi:.4f}, sm90 {e_sm:.4f}")
     assert abs(e_sm - e_mi) < 0.02 and torch.isfinite(lse).all() and st["rollbacks"] == 0
+
+
+def test_fast_stage_b_equals_mxfp6_then_e4m3():
+    """The fast kernel's MXFP6 Stage-B (scaled E4M3 conversion, sm90_numerics.mxfp6_p_scaled_e4m3) gives
+    exactly the reference's ``e4m3(fake_quantize_mx(p, E2M3, floor))`` and its block sums, on BF16 patterns
+    spanning every exponent a gated P can take (and far below), ties and the E2M3 saturation."""
+    from fsattn_diffusers.formats import E2M3, fake_quantize_mx
+
+    g = torch.Generator().manual_seed(0)
+    n = 20000
+    top = torch.randint(0, 136, (n, 1), generator=g) * 128 + torch.randint(0, 128, (n, 1), generator=g)
+    u = torch.clamp(top - torch.randint(0, 128 * 20, (n, 32), generator=g), min=0)
+    u[:, 0] = torch.where(torch.rand(n, generator=g) < 0.5, top[:, 0], u[:, 0])
+    u[:100] = torch.arange(100 * 32).reshape(100, 32) % 128 + 121 * 128  # one binade: ties, 7.5..8 saturation
+    p = (u.to(torch.int32) << 16).view(torch.float32).reshape(-1, 64)
+    pmx = fake_quantize_mx(p, E2M3, axis=-1, rule="floor", block=32)
+    p8, sums = sm90_numerics.mxfp6_p_scaled_e4m3(p)
+    assert torch.equal(p8, sm90_numerics.e4m3(pmx))
+    want = pmx.reshape(-1, 2, 32).sum(dim=-1)
+    assert torch.allclose(sums, want, rtol=2e-7, atol=1e-33)  # blocks below 2^-120: documented
+
+
+def test_padded_keys_do_not_change_the_sm90_reference():
+    """Keys past kv_lens are zeroed before the carry: scaling them by 1e4 changes nothing."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(2, 2, 130, 128, generator=g) for _ in range(3))
+    kv = torch.tensor([100, 57])
+    k2, v2 = k.clone(), v.clone()
+    for b, n in enumerate(kv.tolist()):
+        k2[b, :, n:] *= 1e4
+        v2[b, :, n:] *= 1e4
+    for name in ("mxfp8", "mxfp6"):
+        a = sm90_numerics.reference_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv)[0]
+        b_ = sm90_numerics.reference_attention(q, k2, v2, PRESETS[name], scale=0.125, kv_lens=kv)[0]
+        assert torch.equal(a, b_), name

@@ -11,6 +11,7 @@ from __future__ import annotations
 import datetime
 import json
 import math
+import os
 import platform
 import sys
 from typing import Dict, List
@@ -40,6 +41,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws"),
+                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT or classic); 'fast' is opt-in, "
+                             "see benchmarks/NOTES.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
 
@@ -243,7 +247,15 @@ def run(args) -> int:
     for x in baselines:
         if x not in ("cudnn", "flash", "sage"):
             raise UsageError(f"unknown baseline {x!r}; accepted: cudnn, flash, sage")
+    if args.variant:
+        from ..backends.triton_backend import kernels_package
+
+        kernels_package()
+        from ..kernels import ops
+
+        ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment()
+    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "classic")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
     results = []
     for shp in shapes:
