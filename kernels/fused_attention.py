@@ -71,6 +71,14 @@ def _perm_p(p8, BM: tl.constexpr, BN: tl.constexpr):
 
 
 @triton.jit
+def _block_max(acc, BM: tl.constexpr, BN: tl.constexpr):
+    """Maxima of 32-key blocks, reduced register axes first (see _stage_ab_fast)."""
+    a6 = tl.reshape(acc, (BM, BN // 32, 2, 2, 4, 2))
+    m = tl.max(tl.max(tl.max(a6, axis=5, keep_dims=True), axis=3, keep_dims=True), axis=2, keep_dims=True)
+    return tl.max(m, axis=4, keep_dims=True)  # (BM, BN // 32, 1, 1, 1, 1): stays in a6's layout family
+
+
+@triton.jit
 def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
                    RNE_CVT: tl.constexpr):
     """Stage-A + Stage-B of the gated kernel, same values as :func:`_stage_ab` (GATE=True).
@@ -86,12 +94,16 @@ def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN:
     contribution is below 2^-110, under l's half ulp).
     """
     if P_MX:
-        a3 = tl.reshape(acc, (BM, BN // 32, 32))  # amax: (BM, BN // 32) block maxima of acc
-        fmax = tl.maximum(amax * s128 + c[:, None], 12582912.0)  # s128: a scalar
+        # 32-key blocks as (rows, block, c4, c3, c2c1, c0) (bits of the column inside the block): in the
+        # wgmma accumulator c4, c3, c0 are registers and c2c1 the lanes of a quad, so every per-block
+        # tensor below shares one layout (no shuffles to convert); amax comes from _block_max.
+        a6 = tl.reshape(acc, (BM, BN // 32, 2, 2, 4, 2))
+        c6 = c[:, None, None, None, None, None]
+        fmax = tl.maximum(amax * s128 + c6, 12582912.0)  # s128: a scalar; amax (BM, BN // 32, 1, 1, 1, 1)
         e128 = tl.maximum(fmax.to(tl.int32, bitcast=True) & 0x7F80, 896)  # 128 * max(E, 7)
         # c_b = c + 128 (123 - E), exact: (2^23 + 128 E) - (2^23 + 15744) is an exact small integer.
-        cb = c[:, None] - ((e128 | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 15744.0))
-        g = tl.maximum(a3 * s128 + cb[:, :, None], 12582912.0)
+        cb = c6 - ((e128 | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 15744.0))
+        g = tl.maximum(a6 * s128 + cb, 12582912.0)
         x = (g.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
         if RNE_CVT:
             x = round_elem(x, 3, -6, 448.0)
@@ -99,12 +111,15 @@ def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN:
         e16 = tl.minimum(e16, tl.full(e16.shape, E2M3_MAX_SCALED, tl.float16))
         kexp = (e128 >> 7) - 123  # s + 6
         sc16 = ((tl.maximum(kexp, -10) + 15) << 10).to(tl.int16).to(tl.float16, bitcast=True)
-        y = e16 * sc16[:, :, None]
+        y = e16 * sc16
         if RNE_CVT:
             y = round_elem(y.to(tl.float32), 3, -6, 448.0)
         p8 = tl.reshape(y.to(tl.float8e4nv), (BM, BN))
-        bsum = tl.sum(e16, axis=2).to(tl.float32)  # exact: < 4, on the 2^-9 grid
-        psum = tl.sum(bsum * ((kexp + 127) << 23).to(tl.float32, bitcast=True), axis=1)
+        # Per-thread partial block sums over the register axes (exact in f16: < 1, on the 2^-9 grid), scaled
+        # per block in fp32; one cross-lane reduction per row instead of one per block.
+        part = tl.sum(tl.sum(tl.sum(e16, axis=5, keep_dims=True), axis=3, keep_dims=True), axis=2, keep_dims=True)
+        w = part.to(tl.float32) * ((kexp + 127) << 23).to(tl.float32, bitcast=True)
+        psum = tl.sum(tl.sum(tl.sum(tl.sum(tl.sum(w, axis=5), axis=3), axis=2), axis=1), axis=1)  # lanes last
     else:
         f = tl.maximum(acc * s128 + c[:, None], 12582912.0)
         p = (f.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
@@ -129,10 +144,10 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
         acc = tl.where((kidx < n_keys)[None, :], acc, float("-inf"))
     bmax = acc  # unused unless FAST and P_MX
     if FAST and P_MX:  # the block maxima give P's scales and, reduced once more, the gate's row maxima
-        bmax = tl.max(tl.reshape(acc, (BM, BN // 32, 32)), axis=2)
+        bmax = _block_max(acc, BM, BN)
     if GATE:
         if FAST and P_MX:
-            amax = tl.max(bmax, axis=1)
+            amax = tl.reshape(tl.max(bmax, axis=1), (BM,))
         else:
             amax = tl.max(acc, axis=1)
         fire = amax > (m + CAP) * pow2(-e_t)
@@ -201,7 +216,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         if FAST and GATE:
             bmax0 = acc
             if P_MX:
-                bmax0 = tl.max(tl.reshape(acc, (BM, BN // 32, 32)), axis=2)
+                bmax0 = _block_max(acc, BM, BN)
             p8, psum = _stage_ab_fast(acc, bmax0, pow2(e0 + 7), c, P_MX, BM, BN, RNE_CVT)
         else:
             p8, psum = _stage_ab(acc, pow2(e0 + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
