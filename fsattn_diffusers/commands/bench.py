@@ -216,7 +216,7 @@ def markdown(env: Dict, results: List[Dict]) -> str:
     lines = [f"# fsattn bench — {env.get('device', '?')}", "",
              f"- date: {env['date']}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
-             f"python {env['python']}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
+             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'classic')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
              f"accuracy on {SAMPLE_ROWS} sampled query rows per head against float64 softmax", "",
              "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
