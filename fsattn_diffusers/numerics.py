@@ -8,7 +8,6 @@ the tile sizes.
 
 from __future__ import annotations
 
-import math
 from typing import Optional, Tuple
 
 import torch
@@ -89,4 +88,3 @@ def numerics_for(recipe: Recipe) -> MI355XNumerics:
     return SM90Numerics(recipe) if recipe.numerics == "sm90" else MI355XNumerics(recipe)
 
 
-LN2 = math.log(2.0)

@@ -28,12 +28,11 @@ The FP8 tensor cores' accumulation (and fp32 summation order) is not modeled: te
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional, Tuple
 
 import torch
 
-from .formats import E2M3, E4M3, MX_ELEMENT, fake_quantize_mx, round_to_bf16, round_to_elem, shared_exponent
+from .formats import E4M3, MX_ELEMENT, round_to_bf16, round_to_elem, shared_exponent
 from .operands import LOG2E, prepare_v, prequantize_qk, scale_rule
 from .recipe import Recipe
 
@@ -46,7 +45,6 @@ P_HEADROOM_LOG2 = 4
 P_SIGMA = {"fp8_row": 8 - P_HEADROOM_LOG2, "mxfp6": 7 - P_HEADROOM_LOG2}
 #: 128 * (127 - 7/128): Schraudolph's bias on the 1/128 grid (paper eps = 0.05798).
 D_BITS = 16249
-LN2 = math.log(2.0)
 
 
 def e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -137,57 +135,10 @@ def reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optio
     """What the sm_90 kernel computes, in PyTorch: ``(out (B, H, S_q, D) in q's dtype, lse, stats)``.
 
     q : (B, H, S_q, D); k, v : (B, H, S_k, D); any device. Only the kernel's recipes (MX Q/K,
-    Schraudolph U16, frozen max) are accepted.
+    Schraudolph U16, frozen max) are accepted. This is the emulator's shared tiled loop with
+    :class:`fsattn_diffusers.numerics.SM90Numerics` (``Recipe.numerics = "sm90"``).
     """
-    b, h, s_q, d = q.shape
-    s_k = k.shape[2]
-    valid = None
-    if kv_lens is not None:
-        valid = torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]  # (B, S_k)
-    with torch.no_grad():
-        qc, kc, vc = operands(q, k, v, recipe, scale, valid)
-        sigma = P_SIGMA[recipe.p_format]
-        cap = min(recipe.rollback_cap_log2, P_HEADROOM_LOG2)
-        m = torch.full((b, h, s_q), float("-inf"), device=q.device)
-        l = torch.zeros((b, h, s_q), device=q.device)
-        o = torch.zeros((b, h, s_q, d), device=q.device)
-        stats = {"rollbacks": 0, "tiles": 0, "rollback_tiles": 0}
-        n_qt = -(-s_q // TILE)
-        for j, k0 in enumerate(range(0, s_k, TILE)):
-            k1 = min(k0 + TILE, s_k)
-            x = torch.matmul(qc, kc[:, :, k0:k1].transpose(-1, -2))
-            vm = None if valid is None else valid[:, None, None, k0:k1]
-            if vm is not None:
-                x = torch.where(vm, x, torch.full_like(x, float("-inf")))
-            live = torch.ones((b,), dtype=torch.bool, device=q.device) if valid is None else valid[:, k0]
-            stats["tiles"] += int(live.sum()) * h * n_qt
-            tmax = x.amax(dim=-1)
-            if j == 0:
-                m = torch.ceil(tmax * 128.0) / 128.0
-            elif recipe.rollback:
-                fire = (tmax - m > cap) & live[:, None, None]
-                if bool(fire.any()):
-                    delta = torch.where(fire, torch.ceil(tmax - m), torch.zeros_like(m))
-                    m = m + delta
-                    down = torch.exp2(-delta)
-                    o, l = o * down[..., None], l * down
-                    stats["rollbacks"] += int(fire.sum())
-                    pad = n_qt * TILE - s_q
-                    per = torch.nn.functional.pad(fire, (0, pad)).reshape(b, h, n_qt, TILE)
-                    stats["rollback_tiles"] += int(per.any(dim=-1).sum())
-            p = _stage_a(x, torch.where(torch.isfinite(m), m, torch.zeros_like(m)), sigma, not recipe.rollback)
-            if vm is not None:
-                p = torch.where(vm, p, torch.zeros_like(p))
-            if recipe.p_format == "mxfp6":
-                p_mx = fake_quantize_mx(p, E2M3, axis=-1, rule="floor", block=32)
-                l = l + p_mx.sum(dim=-1)
-                p8 = e4m3(p_mx)
-            else:
-                l = l + p.sum(dim=-1)
-                p8 = e4m3(p)
-            o = o + torch.matmul(p8, vc[:, :, k0:k1])
-        out = torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]).to(q.dtype)
-        lse = torch.log(l) - sigma * LN2 + m * LN2
-        lse = torch.where(l == 0, torch.full_like(lse, float("-inf")), lse)
-    stats["rollback_rate"] = stats["rollback_tiles"] / max(1, stats["tiles"])
-    return out, lse, stats
+    from .emulator import emulate_attention
+
+    return emulate_attention(q, k, v, recipe.replace(numerics="sm90"), scale=scale, kv_lens=kv_lens,
+                             return_lse=True, return_stats=True)
