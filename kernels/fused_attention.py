@@ -131,6 +131,25 @@ def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN:
 
 
 @triton.jit
+def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, ones8, GATE: tl.constexpr, P_MX: tl.constexpr,
+                ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, RNE_CVT: tl.constexpr,
+                FAST: tl.constexpr, PERM: tl.constexpr):
+    """Lines 15-18 of Algorithm 1 for one key tile: Stage-A/B, the row sum and the PV GEMM."""
+    if FAST and GATE:
+        p8, psum = _stage_ab_fast(acc, bmax, s128, c, P_MX, BM, BN, RNE_CVT)
+    else:
+        p8, psum = _stage_ab(acc, s128, c, P_MX, not GATE, BM, BN, RNE_CVT)
+    if ROWSUM_DOT:
+        l += tl.max(tl.dot(p8, ones8), axis=1)
+    else:
+        l += psum
+    if PERM:
+        p8 = _perm_p(p8, BM, BN)
+    o = tl.dot(p8, tl.trans(tl.load(vt_ptrs)), o)
+    return o, l
+
+
+@triton.jit
 def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, ones8, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
           P_MX: tl.constexpr, ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr,
@@ -160,18 +179,8 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
             l = l * down
             nrows += tl.sum((fire & row_ok).to(tl.int32), axis=0)
             ntiles += 1
-    if FAST and GATE:
-        p8, psum = _stage_ab_fast(acc, bmax, pow2(e_t + 7), c, P_MX, BM, BN, RNE_CVT)
-    else:
-        p8, psum = _stage_ab(acc, pow2(e_t + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
-    if ROWSUM_DOT:
-        l += tl.max(tl.dot(p8, ones8), axis=1)
-    else:
-        l += psum
-    if PERM:
-        p8 = _perm_p(p8, BM, BN)
-    vt = tl.load(vt_ptrs)
-    o = tl.dot(p8, tl.trans(vt), o)
+    o, l = _accumulate(acc, bmax, pow2(e_t + 7), c, o, l, vt_ptrs, ones8, GATE, P_MX, ROWSUM_DOT, BM, BN,
+                       RNE_CVT, FAST, PERM)
     return o, l, m, c, nrows, ntiles
 
 
@@ -213,20 +222,11 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
         c = (12582912.0 + 16249.0 + 128.0 * SIGMA) - 128.0 * m
-        if FAST and GATE:
-            bmax0 = acc
-            if P_MX:
-                bmax0 = _block_max(acc, BM, BN)
-            p8, psum = _stage_ab_fast(acc, bmax0, pow2(e0 + 7), c, P_MX, BM, BN, RNE_CVT)
-        else:
-            p8, psum = _stage_ab(acc, pow2(e0 + 7), c, P_MX, not GATE, BM, BN, RNE_CVT)
-        if ROWSUM_DOT:
-            l += tl.max(tl.dot(p8, ones8), axis=1)
-        else:
-            l += psum
-        if PERM:
-            p8 = _perm_p(p8, BM, BN)
-        o = tl.dot(p8, tl.trans(tl.load(vt_ptrs)), o)
+        bmax0 = acc
+        if FAST and GATE and P_MX:
+            bmax0 = _block_max(acc, BM, BN)
+        o, l = _accumulate(acc, bmax0, pow2(e0 + 7), c, o, l, vt_ptrs, ones8, GATE, P_MX, ROWSUM_DOT, BM, BN,
+                           RNE_CVT, FAST, PERM)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
