@@ -19,14 +19,16 @@ BLOCK_M = 128
 BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 3
-# "classic": two warpgroups on one 128-row query tile (measured: 795 TFLOP/s kernel-only on the H200 at
-# the paper shape). "ws": the warp-specialized variant in fused_attention_ws.py; it compiles to
-# producer + consumer partitions but hung on the H200 (Triton 3.6, 2026-11-29): experimental, opt-in.
-# MXFP6 P (mxfp6/mxfp4 recipes) always takes "classic": Triton 3.6 cannot warp-specialize its block max.
-# "fast": the classic kernel with FAST=True (mxfp6 P's Stage-B by scaled E4M3 conversion, the block maxima
-# shared with the gate) and PERM=True (P's key columns in the FP8 A-fragment order, V8T stored to match):
-# same values as classic up to the PV GEMM's summation order; opt-in until measured (benchmarks/NOTES.md).
-VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "classic")
+# "fast" (default): two warpgroups on one 128-row query tile, mxfp6 P's Stage-B by scaled E4M3 conversion
+# (block maxima shared with the gate) and P's key columns in the FP8 A-fragment order (V8T stored to match).
+# H200, paper shape, kernel-only (benchmarks/results/kernel_variants_h200_2026-11-29.md): mxfp8 795 TFLOP/s,
+# mxfp6/mxfp4 632; bit-identical output to "classic" in every GPU test.
+# "classic": the first kernel (mxfp8 777 TFLOP/s, mxfp6/mxfp4 345: E2M3 rounding of P in fp32 ops); kept
+# as the readable form of the same numerics and selectable with FSATTN_KERNEL_VARIANT=classic.
+# "ws": the warp-specialized variant in fused_attention_ws.py; it compiles to producer + consumer
+# partitions but hung on the H200 (Triton 3.6, 2026-11-29): experimental, opt-in. MXFP6 P (mxfp6/mxfp4)
+# never takes "ws": Triton 3.6 cannot warp-specialize its block max.
+VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "fast")
 VARIANTS = ("classic", "ws", "fast")
 
 

@@ -130,11 +130,10 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
         v8 = round_elem(tl.math.div_rn(x, scale), 3, -6, 448.0)
         vs = tl.zeros((D,), tl.float32) + scale
-    pos = rows
     if PERM_V:  # the fast kernel's P column order (fused_attention._perm_p): key c at a = c0 + 2c3 + 4c1 + 8c2
-        r = rows & 15
-        pos = (rows - r) + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 1) * 4 + ((r >> 2) & 1) * 8
-    tl.store(OUT + bh.to(tl.int64) * D * SP + cols[:, None] * SP + pos[None, :], tl.trans(v8.to(tl.float8e4nv)))
+        # in registers (rows as (group, c3, c2, c1, c0) -> (group, c2, c1, c3, c0)) so the store stays contiguous
+        v8 = tl.reshape(tl.permute(tl.reshape(v8, (BS // 16, 2, 2, 2, 2, D)), (0, 2, 3, 1, 4, 5)), (BS, D))
+    tl.store(OUT + bh.to(tl.int64) * D * SP + cols[:, None] * SP + rows[None, :], tl.trans(v8.to(tl.float8e4nv)))
     if pid_s == 0:
         tl.store(VS + bh * D + cols, vs)
 

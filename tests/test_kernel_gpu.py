@@ -266,3 +266,25 @@ def test_padded_keys_do_not_change_the_output(recipe, variant):
     diff = float((o1.float() - o2.float()).abs().max())
     print(f"{recipe} {variant}: max |out(padded x1e4) - out| = {diff}, lse {float((l1 - l2).abs().max())}")
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6"])
+def test_permuted_v_is_a_key_permutation(recipe):
+    """The fast variant's V operand (PERM_V) holds the same bytes as the plain one, keys of every aligned group
+    of 16 at position c0 + 2 c3 + 4 c1 + 8 c2 (bits of the key index c mod 16)."""
+    from fsattn_diffusers.kernels.prepass import prepare_v
+
+    g = torch.Generator().manual_seed(3)
+    v = torch.randn(2, 3, 300, 128, generator=g).to(torch.bfloat16).to(DEV)
+    plan = plan_for(PRESETS[recipe])
+    plain, vs_plain = prepare_v(v, plan, kv_lens=torch.tensor([300, 211], dtype=torch.int32, device=DEV))
+    perm, vs_perm = prepare_v(v, plan, kv_lens=torch.tensor([300, 211], dtype=torch.int32, device=DEV), perm=True)
+    c = torch.arange(plain.shape[-1], device=DEV)
+    r = c & 15
+    pos = (c - r) + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 1) * 4 + ((r >> 2) & 1) * 8
+    expect = torch.empty_like(plain.view(torch.uint8))
+    expect[..., pos] = plain.view(torch.uint8)
+    mismatches = int((expect != perm.view(torch.uint8)).sum())
+    print(f"{recipe}: permuted-V byte mismatches {mismatches} of {perm.numel()}")
+    assert mismatches == 0
+    assert torch.equal(vs_plain, vs_perm)

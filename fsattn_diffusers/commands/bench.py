@@ -42,8 +42,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws"),
-                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT or classic); 'fast' is opt-in, "
-                             "see benchmarks/NOTES.md")
+                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT or fast); 'classic' is the first "
+                             "kernel, 'ws' experimental; see benchmarks/NOTES.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
 
@@ -216,7 +216,7 @@ def markdown(env: Dict, results: List[Dict]) -> str:
     lines = [f"# fsattn bench — {env.get('device', '?')}", "",
              f"- date: {env['date']}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
-             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'classic')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
+             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'fast')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
              f"accuracy on {SAMPLE_ROWS} sampled query rows per head against float64 softmax", "",
              "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -255,7 +255,7 @@ def run(args) -> int:
 
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment()
-    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "classic")
+    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "fast")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
     results = []
     for shp in shapes:
