@@ -1,0 +1,535 @@
+"""Wan2.2-A14B-size transformer on N GPUs under diffusers context parallelism: latency, scaling, output match.
+
+One run (``--world`` processes, NCCL on CUDA, gloo on CPU) of issue 8's diffusers half:
+
+1. every rank builds the same seeded transformer (:func:`fsattn_diffusers.e2e.build_transformer`, random
+   N(0, 0.02) weights) and the same inputs on its own device; a per-parameter float64 checksum is
+   all-gathered and the run stops at once if any rank differs;
+2. **1 GPU** (no context parallelism): the policies are split over the ranks (rank r times policies
+   r, r + world, ...; each on its own GPU, no communication), each one untimed forward at a fixed
+   timestep — whose output is the 1-GPU reference — then ``--steps`` timed CFG steps;
+3. **N GPUs**: for each mode (``ulysses``, ``ring``; degree = world) and policy, the model is wired as
+   ``enable_parallelism`` wires it (:func:`~fsattn_diffusers.parallel.check._wire_context_parallel`),
+   the same one forward (output gathered by Wan's ``_cp_plan``) and timed steps run, then the wiring is
+   removed again (one model copy per GPU throughout).
+
+``bf16`` is stock diffusers attention on cuDNN SDPA (1 GPU: torch SDPA's cuDNN backend, as
+:func:`fsattn_diffusers.e2e.run_policy`; N GPUs: diffusers' ``_native_cudnn`` backend, which gives the ring
+its LSE). The quantized policies run :class:`~fsattn_diffusers.integration.WanFSAttnProcessor` on the
+self-attention. ``hybrid`` (MXFP6 on the first and last 3 of 20 steps, MXFP4 between) is not timed as
+such: mxfp6 and mxfp4 are, and hybrid is the 20-step projection of :func:`fsattn_diffusers.e2e.summarize`.
+
+Output match of one transformer call, N GPUs against 1 GPU (relative L2 error and cosine over the whole
+output). Rule (:func:`match`): ``bf16``: rel. error vs the 1-GPU bf16 output <= 1e-2; quantized policy P:
+``err(P on N GPUs vs bf16 on 1 GPU) <= 1.15 * err(P on 1 GPU vs bf16 on 1 GPU) + max(1e-3, e_cp)``, where
+1.15 is the sharded-check tolerance (:data:`~fsattn_diffusers.parallel.check.RELATIVE_TOLERANCE`) and
+``e_cp`` is the measured error of stock bf16 attention on N GPUs in the same mode (the sharding's own
+BF16 rounding, which the quantized path inherits).
+
+Rank 0 writes ``--json`` and ``--md`` after every measurement, so a run cut short keeps what it measured.
+Run: ``python -m fsattn_diffusers.parallel.scaling --device cuda --world 2 --json out.json --md out.md``;
+``--tiny --device cpu`` for a CPU smoke run.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import datetime
+import json
+import os
+import platform
+import shlex
+import subprocess
+import sys
+import tempfile
+import time
+from typing import Dict, List, Optional
+
+import torch
+
+from .. import e2e
+from .check import RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
+
+#: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
+NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
+MODES = ("ulysses", "ring")
+POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
+DEFAULT_POLICIES = "bf16,mxfp8,hybrid"
+#: Timestep of the one transformer call whose output is compared.
+MATCH_TIMESTEP = 500.0
+#: bf16 (stock attention) N GPUs vs 1 GPU: relative L2 error bound.
+BF16_TOLERANCE = 1e-2
+#: Absolute floor of the quantized rule (together with the measured stock-attention sharding error).
+ABSOLUTE_FLOOR = 1e-3
+#: Tiny Wan config for CPU runs (as tests/test_e2e.py): 1 layer, 2 heads of 64.
+TINY = dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=64, num_layers=1, text_dim=32)
+TINY_SHAPE = dict(frames=5, height=128, width=128)  # latent 16 x 2 x 16 x 16 -> 128 tokens
+TINY_TEXT_TOKENS = 16
+
+
+def expand_policies(names: List[str]) -> List[str]:
+    """``bf16`` first (the speedup baseline), ``hybrid`` -> ``mxfp6``, ``mxfp4``; no duplicates."""
+    out = ["bf16"]
+    for name in names:
+        for p in (("mxfp6", "mxfp4") if name == "hybrid" else (name,)):
+            if p not in POLICIES:
+                raise ValueError(f"unknown policy {p!r}; accepted: {', '.join(POLICIES)}, hybrid")
+            if p not in out:
+                out.append(p)
+    return out
+
+
+def make_spec(frames: int, height: int, width: int, tiny: bool) -> e2e.ModelSpec:
+    if tiny:
+        spec = e2e.wan22_spec(**TINY_SHAPE, scale=TINY)
+        spec.text_tokens = TINY_TEXT_TOKENS
+        return spec
+    return e2e.wan22_spec(frames=frames, height=height, width=width)
+
+
+# ----------------------------------------------------------------------------------------------- wiring
+
+@contextlib.contextmanager
+def policy_processors(model, spec: e2e.ModelSpec, policy: str, backend: str, stock_backend: Optional[str]):
+    """Self-attention processors of ``policy`` (``bf16``: a stock ``WanAttnProcessor`` on ``stock_backend``,
+    ``None`` = diffusers' active one); cross-attention keeps its processor. Restored on exit."""
+    from diffusers.models.transformers.transformer_wan import WanAttnProcessor
+
+    from ..integration.processors import WanFSAttnProcessor
+
+    saved = dict(model.attn_processors)
+    procs = {}
+    for name, proc in saved.items():
+        if not e2e._is_self_attention(name, spec):
+            procs[name] = proc
+        elif policy == "bf16":
+            procs[name] = WanAttnProcessor()
+            procs[name]._attention_backend = stock_backend
+        else:
+            procs[name] = WanFSAttnProcessor(policy, backend=backend, layer=name)
+    model.set_attn_processor(procs)
+    try:
+        yield
+    finally:
+        model.set_attn_processor(saved)
+
+
+@contextlib.contextmanager
+def context_parallel(model, config):
+    """``_wire_context_parallel`` on entry; hooks, the model's and the processors' configs removed on exit."""
+    from diffusers.hooks.context_parallel import remove_context_parallel
+
+    _wire_context_parallel(model, config)
+    try:
+        yield
+    finally:
+        remove_context_parallel(model, model._cp_plan)
+        model._parallel_config = None
+        for module in model.modules():
+            proc = getattr(module, "processor", None)
+            if proc is not None and hasattr(proc, "_parallel_config"):
+                proc._parallel_config = None
+
+
+@contextlib.contextmanager
+def _timed_cp_attention(timer: e2e.AttentionTimer):
+    """Time diffusers' ring / Ulysses template (local attention + its communication): the stock
+    ``_native_cudnn`` backend and fsattn's ``context_parallel_attention`` both call it by module lookup."""
+    from diffusers.models import attention_dispatch as ad
+
+    original = ad._templated_context_parallel_attention
+    ad._templated_context_parallel_attention = timer.wrap(original)
+    try:
+        yield
+    finally:
+        ad._templated_context_parallel_attention = original
+
+
+def _cpu_sdpa_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                         enable_gqa=False, return_lse=False, _save_ctx=True, _parallel_config=None):
+    """CPU stand-in for diffusers' cuDNN forward op (CPU runs only): torch's CPU flash SDPA, which has an LSE."""
+    q, k, v = (t.transpose(1, 2) for t in (query, key, value))
+    out, lse = torch.ops.aten._scaled_dot_product_flash_attention_for_cpu(q, k, v, dropout_p, is_causal,
+                                                                          attn_mask=attn_mask, scale=scale)
+    out = out.transpose(1, 2)
+    return (out, lse.transpose(1, 2).contiguous()) if return_lse else out
+
+
+@contextlib.contextmanager
+def _cpu_cudnn_stand_in(active: bool):
+    if not active:
+        yield
+        return
+    from diffusers.models import attention_dispatch as ad
+
+    original = ad._cudnn_attention_forward_op
+    ad._cudnn_attention_forward_op = _cpu_sdpa_forward_op
+    try:
+        yield
+    finally:
+        ad._cudnn_attention_forward_op = original
+
+
+# ---------------------------------------------------------------------------------------------- measuring
+
+def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup: int, cuda: bool,
+            parallel: bool):
+    """One forward at :data:`MATCH_TIMESTEP` (its output returned, float32 on the CPU; it is the first of
+    ``max(1, warmup)`` untimed forwards), then ``steps`` timed steps (e2e's ``time_steps``).
+
+    Attention time: 1 GPU as ``e2e.run_policy`` (every SDPA call for bf16, every fsattn call otherwise);
+    N GPUs: every call of diffusers' context-parallel template (self-attention incl. its communication).
+    """
+    from torch.nn.attention import SDPBackend, sdpa_kernel
+
+    stock = policy == "bf16"
+    kernels = [SDPBackend.CUDNN_ATTENTION] if cuda else [SDPBackend.FLASH_ATTENTION]
+    with torch.no_grad(), sdpa_kernel(kernels):
+        e2e._sync(cuda)
+        t0 = time.perf_counter()
+        out = model(**inputs(MATCH_TIMESTEP))[0].float().cpu()
+        first = time.perf_counter() - t0
+        for _ in range(max(1, warmup) - 1):
+            model(**inputs(999.0))
+        timer = e2e.AttentionTimer(cuda=cuda)
+        timing = _timed_cp_attention(timer) if parallel else e2e.timed_attention(timer, not stock)
+        with timing:
+            secs = e2e.time_steps(model, inputs, spec, steps, cuda)
+        attn = timer.seconds()
+    tiles = max(1, timer.stats["tiles"])
+    result = {"policy": policy, "step_seconds": secs, "step_median_s": sorted(secs)[len(secs) // 2],
+              "first_forward_s": first, "attention_s_per_step": attn / steps, "attention_share": attn / sum(secs),
+              "rollback_rate": None if (stock or parallel) else timer.stats["rollback_tiles"] / tiles}
+    return result, out
+
+
+def rel_err_cos(out: torch.Tensor, ref: torch.Tensor):
+    from ..accuracy import error_and_cosine
+
+    return error_and_cosine(out, ref)
+
+
+def match(policy: str, out: torch.Tensor, single: Dict[str, torch.Tensor], e_cp_bf16: Optional[float]) -> dict:
+    """N-GPU output vs the 1-GPU outputs (see the module docstring for the rule)."""
+    row = {"policy": policy}
+    if policy in single:
+        row["rel_err_vs_1gpu"], row["cos_vs_1gpu"] = rel_err_cos(out, single[policy])
+    if "bf16" not in single:
+        row["ok"] = None
+        return row
+    if policy == "bf16":
+        row["rule"] = f"rel_err_vs_1gpu <= {BF16_TOLERANCE:g}"
+        row["ok"] = bool(row["rel_err_vs_1gpu"] <= BF16_TOLERANCE)
+        return row
+    row["e_single"], _ = rel_err_cos(single[policy], single["bf16"]) if policy in single else (None, None)
+    row["e_sharded"], _ = rel_err_cos(out, single["bf16"])
+    floor = max(ABSOLUTE_FLOOR, e_cp_bf16 or 0.0)
+    row["floor"] = floor
+    row["rule"] = f"e_sharded <= {1 + RELATIVE_TOLERANCE:g} * e_single + max({ABSOLUTE_FLOOR:g}, e_cp_bf16)"
+    row["ok"] = None if row["e_single"] is None else \
+        bool(row["e_sharded"] <= (1 + RELATIVE_TOLERANCE) * row["e_single"] + floor)
+    return row
+
+
+# ---------------------------------------------------------------------------------------------- reporting
+
+def summarize(runs: List[dict], world: int) -> Dict[str, Dict[str, dict]]:
+    """Per setting (``1gpu``, then each mode): e2e's table (step, 20-step projection, speedup over bf16 of the
+    same setting, hybrid projection) plus ``scaling`` (1-GPU step / N-GPU step) and the match row."""
+    by: Dict[str, Dict[str, dict]] = {}
+    for r in runs:
+        by.setdefault(r["setting"], {})[r["policy"]] = r
+    out = {}
+    for setting, res in by.items():
+        if "bf16" in res:
+            table = e2e.summarize(res)
+        else:  # partial run: no baseline yet
+            table = {p: {"step_s": r["step_median_s"], "projected_s": r["step_median_s"] * e2e.PAPER_STEPS,
+                         "speedup": None, "attention_share": r["attention_share"],
+                         "rollback_rate": r["rollback_rate"]} for p, r in res.items()}
+        for p, row in table.items():
+            row["gpus"] = 1 if setting == "1gpu" else world
+            if p in res and res[p].get("match") is not None:
+                row["match"] = res[p]["match"]
+        out[setting] = table
+    single = out.get("1gpu", {})
+    for setting, table in out.items():
+        for p, row in table.items():
+            row["scaling"] = (single[p]["step_s"] / row["step_s"]) if (setting != "1gpu" and p in single) else None
+    return out
+
+
+def _fmt(x, spec=".2f", suffix=""):
+    return "-" if x is None else f"{x:{spec}}{suffix}"
+
+
+def to_markdown(doc: dict) -> str:
+    m = doc["meta"]
+    w = m["world"]
+    lines = [f"# Wan2.2-A14B-size transformer on {w} GPUs: diffusers context parallelism (Ulysses / ring), "
+             f"fsattn policies", "",
+             f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
+             f"diffusers {m['diffusers']}, python {m['python']}; {m['date']}; commit {m['commit']}.",
+             f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
+             f"- Model: {m['spec']['name']} config, {m['spec']['config']['num_layers']} layers, "
+             f"{m['spec']['config']['num_attention_heads']} heads x {m['spec']['config']['attention_head_dim']}, "
+             f"BF16, random N(0, 0.02) weights (same seed on every rank, checksum verified: "
+             f"{m.get('weights_identical')}); latent {tuple(m['spec']['latent'])} -> {m['spec']['tokens']} "
+             f"self-attention tokens, {m['spec']['text_tokens']} text tokens; a step = "
+             f"{m['spec']['calls_per_step']} forwards (CFG).",
+             f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
+             f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median. 1-GPU runs: policies split "
+             f"over the ranks, each on its own GPU without communication.",
+             "- bf16 = stock diffusers attention on cuDNN SDPA (N GPUs: `_native_cudnn` backend); others = "
+             f"`WanFSAttnProcessor` (backend `{m['backend']}`) on self-attention; cross-attention stays bf16.",
+             "- Attention share: 1 GPU as `fsattn e2e` (CUDA events around each attention kernel call); N GPUs: "
+             "around diffusers' ring / Ulysses template, i.e. self-attention including its communication.",
+             "- hybrid = projection, not a timed policy: "
+             f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
+             "step times of the same setting.",
+             f"- Match (one transformer call, N GPUs vs 1 GPU, relative L2 / cosine over the whole output): bf16 "
+             f"passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs bf16 "
+             f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
+             "err(bf16, N GPUs vs 1 GPU) of the same mode).",
+             f"- Status: {doc['status']}.", "",
+             "| GPUs | mode | policy | step (s) | 20 steps (s) | speedup vs bf16 (same setting) | scaling 1->N GPU "
+             "| attention share | rel. err vs 1 GPU | cosine vs 1 GPU | err vs 1-GPU bf16 (1 GPU -> N GPU) | match |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+    for setting, table in doc["summary"].items():
+        for p, row in table.items():
+            mt = row.get("match") or {}
+            errs = "-" if mt.get("e_sharded") is None else \
+                f"{_fmt(mt.get('e_single'), '.3e')} -> {mt['e_sharded']:.3e}"
+            ok = {True: "yes", False: "**NO**", None: "-"}[mt.get("ok")]
+            name = f"{p} (projected)" if p == "hybrid" else p
+            share = None if row["attention_share"] is None else 100 * row["attention_share"]
+            lines.append(f"| {row['gpus']} | {'-' if setting == '1gpu' else setting} | {name} | "
+                         f"{_fmt(row['step_s'])} | {_fmt(row['projected_s'], '.1f')} | "
+                         f"{_fmt(row['speedup'], '.2f', 'x')} | {_fmt(row['scaling'], '.2f', 'x')} | "
+                         f"{_fmt(share, '.0f', '%')} | {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')} | "
+                         f"{_fmt(mt.get('cos_vs_1gpu'), '.6f')} | {errs} | {ok} |")
+    lines.append("")
+    return "\n".join(lines)
+
+
+class Recorder:
+    """Rank 0's document; rewritten (JSON and markdown) after every measurement."""
+
+    def __init__(self, meta: dict, json_path: Optional[str], md_path: Optional[str]):
+        self.doc = {"meta": meta, "status": "running", "runs": [], "summary": {}}
+        self.json_path, self.md_path = json_path, md_path
+
+    def add(self, run: dict) -> None:
+        self.doc["runs"].append(run)
+        self.write()
+
+    def write(self, status: Optional[str] = None) -> None:
+        if status:
+            self.doc["status"] = status
+        self.doc["summary"] = summarize(self.doc["runs"], self.doc["meta"]["world"])
+        if self.json_path:
+            with open(self.json_path + ".tmp", "w") as fh:
+                json.dump(self.doc, fh, indent=1)
+            os.replace(self.json_path + ".tmp", self.json_path)
+        if self.md_path:
+            with open(self.md_path, "w") as fh:
+                fh.write(to_markdown(self.doc))
+
+
+def _versions() -> dict:
+    import diffusers
+
+    try:
+        import triton
+        tv = triton.__version__
+    except Exception:  # noqa: BLE001 - CPU-only installs
+        tv = "none"
+    try:
+        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or "?"
+    except Exception:  # noqa: BLE001
+        commit = "?"
+    return {"torch": torch.__version__, "triton": tv, "diffusers": diffusers.__version__,
+            "python": platform.python_version(), "commit": commit}
+
+
+# ------------------------------------------------------------------------------------------------ workers
+
+def _log(rank: int, msg: str) -> None:
+    print(f"[rank {rank} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def fingerprint(model, inputs) -> torch.Tensor:
+    """float64 sum of every parameter, then of the latents and text: identical builds give equal vectors."""
+    with torch.no_grad():
+        sums = [p.detach().double().sum() for p in model.parameters()]
+        x = inputs(0.0)
+        sums += [x["hidden_states"].double().sum(), x["encoder_hidden_states"].double().sum()]
+    return torch.stack(sums)
+
+
+def _check_identical(model, inputs, world: int) -> None:
+    import torch.distributed as dist
+
+    mine = fingerprint(model, inputs)
+    every = [torch.empty_like(mine) for _ in range(world)]
+    dist.all_gather(every, mine)
+    bad = [r for r in range(world) if not torch.equal(every[r], every[0])]
+    if bad:
+        raise RuntimeError(f"ranks {bad} built different weights or inputs than rank 0 (checksums of "
+                           f"{mine.numel()} tensors differ); every rank must build the same seeded model")
+
+
+def _barrier(cuda: bool, rank: int) -> None:
+    import torch.distributed as dist
+
+    dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
+
+
+def _worker(rank: int, world: int, tmp: str, opts: dict) -> None:
+    import warnings
+
+    import torch.distributed as dist
+
+    os.environ.update(NVLS_ENV)
+    warnings.filterwarnings("ignore", category=FutureWarning)
+    warnings.filterwarnings("ignore", message="fsattn: using the 'emulator' backend")
+    cuda = opts["device"] == "cuda"
+    device = torch.device("cuda", rank) if cuda else torch.device("cpu")
+    if cuda:
+        torch.cuda.set_device(device)
+    else:
+        torch.set_num_threads(max(1, (os.cpu_count() or 2) // world))
+    dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{os.path.join(tmp, 'init')}",
+                            rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30))
+    try:
+        _run(rank, world, tmp, opts, cuda, device)
+    finally:
+        dist.destroy_process_group()
+
+
+def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> None:
+    spec = make_spec(opts["frames"], opts["height"], opts["width"], opts["tiny"])
+    policies, modes, steps, warmup, backend = (opts[k] for k in ("policies", "modes", "steps", "warmup", "backend"))
+    configs = {mode: _parallel_config(world if mode == "ring" else 1, world if mode == "ulysses" else 1,
+                                      rank, world, device) for mode in modes}
+    t0 = time.perf_counter()
+    model = e2e.build_transformer(spec, device, seed=opts["seed"])
+    inputs = e2e.make_inputs(spec, device, seed=opts["seed"])
+    _check_identical(model, inputs, world)
+    _log(rank, f"built {spec.name} ({e2e.image_tokens(spec)} tokens) in {time.perf_counter() - t0:.0f} s; "
+               f"weights and inputs identical on all {world} ranks")
+    rec = None
+    if rank == 0:
+        meta = dict(opts["meta"], devices=[torch.cuda.get_device_name(i) for i in range(world)] if cuda
+                    else ["cpu"] * world, weights_identical=True,
+                    spec={"name": spec.name, "latent": list(spec.latent), "tokens": e2e.image_tokens(spec),
+                          "text_tokens": spec.text_tokens, "calls_per_step": spec.calls_per_step,
+                          "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.config.items()}})
+        rec = Recorder(meta, opts["json"], opts["md"])
+        rec.write()
+
+    # 1 GPU: policies split over the ranks, no communication.
+    for policy in policies[rank::world]:
+        with policy_processors(model, spec, policy, backend, None), _cpu_cudnn_stand_in(not cuda):
+            r, out = measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=False)
+        r.update(setting="1gpu", gpus=1, mode=None, rank=rank)
+        torch.save({"run": r, "out": out}, os.path.join(tmp, f"single_{policy}.pt"))
+        _log(rank, f"1 GPU  {policy:<6} step {r['step_median_s']:.2f} s (attention {100 * r['attention_share']:.0f}%, "
+                   f"first forward {r['first_forward_s']:.1f} s)")
+    _barrier(cuda, rank)
+    single: Dict[str, torch.Tensor] = {}
+    if rank == 0:
+        for policy in policies:
+            path = os.path.join(tmp, f"single_{policy}.pt")
+            if os.path.exists(path):
+                saved = torch.load(path)
+                single[policy] = saved["out"]
+                rec.add(saved["run"])
+
+    # N GPUs: each mode, each policy; the wiring is undone after each.
+    stock_backend = "_native_cudnn"
+    for mode in modes:
+        e_cp_bf16 = None
+        for policy in policies:
+            with policy_processors(model, spec, policy, backend, stock_backend), \
+                    context_parallel(model, configs[mode]), _cpu_cudnn_stand_in(not cuda):
+                r, out = measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True)
+            if rank != 0:
+                continue
+            mt = match(policy, out, single, e_cp_bf16)
+            if policy == "bf16":
+                e_cp_bf16 = mt.get("rel_err_vs_1gpu")
+            r.update(setting=mode, gpus=world, mode=mode, rank=rank, match=mt)
+            rec.add(r)
+            _log(rank, f"{world} GPUs {mode:<7} {policy:<6} step {r['step_median_s']:.2f} s (attention "
+                       f"{100 * r['attention_share']:.0f}%); vs 1 GPU: rel err {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')}"
+                       f", cos {_fmt(mt.get('cos_vs_1gpu'), '.6f')}, match {mt.get('ok')}")
+    if rank == 0:
+        rec.write("complete")
+        print(to_markdown(rec.doc), flush=True)
+
+
+def run(opts: dict) -> None:
+    """Spawn ``opts['world']`` processes; rank 0 writes ``opts['json']`` / ``opts['md']``."""
+    import torch.multiprocessing as mp
+
+    os.environ.update(NVLS_ENV)
+    with tempfile.TemporaryDirectory() as tmp:
+        mp.spawn(_worker, args=(opts["world"], tmp, opts), nprocs=opts["world"], join=True)
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
+    parser.add_argument("--world", type=int, default=2)
+    parser.add_argument("--policies", default=DEFAULT_POLICIES,
+                        help="comma-separated of bf16, mxfp8, mxfp6, mxfp4, hybrid (= mxfp6 + mxfp4, projected); "
+                             "bf16 is always run")
+    parser.add_argument("--modes", default=",".join(MODES))
+    parser.add_argument("--steps", type=int, default=1, help="timed CFG steps per (setting, policy)")
+    parser.add_argument("--warmup", type=int, default=1,
+                        help="untimed forwards per (setting, policy); the first is the compared output (min 1)")
+    parser.add_argument("--frames", type=int, default=81)
+    parser.add_argument("--height", type=int, default=720)
+    parser.add_argument("--width", type=int, default=1280)
+    parser.add_argument("--tiny", action="store_true", help="1-layer, 2-head Wan at 128 tokens (CPU smoke run)")
+    parser.add_argument("--backend", default="auto", help="fsattn backend (auto, triton, emulator)")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--json", default=None)
+    parser.add_argument("--md", default=None)
+    parser.add_argument("--wrapper", default=None, help="recorded in the report (the calling script)")
+    args = parser.parse_args(argv)
+    try:
+        policies = expand_policies([p.strip() for p in args.policies.split(",") if p.strip()])
+    except ValueError as exc:
+        parser.error(str(exc))
+    modes = [m.strip() for m in args.modes.split(",") if m.strip()]
+    if any(m not in MODES for m in modes):
+        parser.error(f"--modes: accepted {', '.join(MODES)}, got {args.modes!r}")
+    if args.steps < 1:
+        parser.error("--steps must be at least 1")
+    if args.device == "cuda" and torch.cuda.device_count() < args.world:
+        parser.error(f"--device cuda --world {args.world}: only {torch.cuda.device_count()} CUDA device(s)")
+    spec = make_spec(args.frames, args.height, args.width, args.tiny)
+    if spec.config["num_attention_heads"] % args.world or e2e.image_tokens(spec) % args.world:
+        parser.error(f"heads ({spec.config['num_attention_heads']}) and tokens ({e2e.image_tokens(spec)}) must "
+                     f"divide by --world {args.world}")
+    cmd = "python -m fsattn_diffusers.parallel.scaling " + " ".join(shlex.quote(a) for a in
+                                                                   (sys.argv[1:] if argv is None else argv))
+    meta = dict(_versions(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=cmd.strip(),
+                wrapper=args.wrapper, world=args.world, backend=args.backend, steps=args.steps,
+                warmup=max(1, args.warmup), policies=policies, modes=modes, env=dict(NVLS_ENV),
+                notes=["hybrid is projected from the measured mxfp6 and mxfp4 steps of the same setting "
+                       f"({2 * e2e.HYBRID_ENDS} + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} of {e2e.PAPER_STEPS}), "
+                       "not timed with step tracking"])
+    opts = dict(device=args.device, world=args.world, policies=policies, modes=modes, steps=args.steps,
+                warmup=max(1, args.warmup), frames=args.frames, height=args.height, width=args.width,
+                tiny=args.tiny, backend=args.backend, seed=args.seed, json=args.json, md=args.md, meta=meta)
+    run(opts)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
