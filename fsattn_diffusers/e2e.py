@@ -54,11 +54,16 @@ def hunyuan_spec(frames: int = 129, height: int = 720, width: int = 1280, scale:
     return ModelSpec("hunyuanvideo", cfg, (16, (frames - 1) // 4 + 1, height // 8, width // 8), 256, 1)
 
 
-def build_transformer(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0):
-    """The transformer of ``spec`` on ``device`` with N(0, WEIGHT_STD) weights (norm weights 1)."""
+def build_transformer(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0, cls=None):
+    """The transformer of ``spec`` on ``device`` with N(0, WEIGHT_STD) weights (norm weights 1).
+
+    ``cls``: the model class (default diffusers' Wan / HunyuanVideo transformer); a subclass that adds no
+    parameters (e.g. xDiT's ``xFuserWanTransformer3DWrapper``) gets the same weights for the same seed.
+    """
     from diffusers import HunyuanVideoTransformer3DModel, WanTransformer3DModel
 
-    cls = WanTransformer3DModel if spec.name.startswith("wan") else HunyuanVideoTransformer3DModel
+    if cls is None:
+        cls = WanTransformer3DModel if spec.name.startswith("wan") else HunyuanVideoTransformer3DModel
     torch.manual_seed(seed)
     with torch.device(device):
         model = cls(**spec.config)

@@ -174,12 +174,14 @@ def _cpu_cudnn_stand_in(active: bool):
 # ---------------------------------------------------------------------------------------------- measuring
 
 def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup: int, cuda: bool,
-            parallel: bool):
+            parallel: bool, timing=None):
     """One forward at :data:`MATCH_TIMESTEP` (its output returned, float32 on the CPU; it is the first of
     ``max(1, warmup)`` untimed forwards), then ``steps`` timed steps (e2e's ``time_steps``).
 
     Attention time: 1 GPU as ``e2e.run_policy`` (every SDPA call for bf16, every fsattn call otherwise);
     N GPUs: every call of diffusers' context-parallel template (self-attention incl. its communication).
+    ``timing``, if given, replaces that choice: ``timing(timer)`` is the context that routes the calls
+    to be timed through ``timer`` (the xDiT run wraps its self-attention processors' attention function).
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
@@ -193,8 +195,11 @@ def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup:
         for _ in range(max(1, warmup) - 1):
             model(**inputs(999.0))
         timer = e2e.AttentionTimer(cuda=cuda)
-        timing = _timed_cp_attention(timer) if parallel else e2e.timed_attention(timer, not stock)
-        with timing:
+        if timing is not None:
+            region = timing(timer)
+        else:
+            region = _timed_cp_attention(timer) if parallel else e2e.timed_attention(timer, not stock)
+        with region:
             secs = e2e.time_steps(model, inputs, spec, steps, cuda)
         attn = timer.seconds()
     tiles = max(1, timer.stats["tiles"])
@@ -292,8 +297,13 @@ def to_markdown(doc: dict) -> str:
              f"passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs bf16 "
              f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
              "err(bf16, N GPUs vs 1 GPU) of the same mode).",
-             f"- Status: {doc['status']}.", "",
-             "| GPUs | mode | policy | step (s) | 20 steps (s) | speedup vs bf16 (same setting) | scaling 1->N GPU "
+             f"- Status: {doc['status']}.", ""]
+    return "\n".join(lines + table_lines(doc))
+
+
+def table_lines(doc: dict) -> List[str]:
+    """The results table of :func:`to_markdown` (one row per setting and policy), ending in an empty line."""
+    lines = ["| GPUs | mode | policy | step (s) | 20 steps (s) | speedup vs bf16 (same setting) | scaling 1->N GPU "
              "| attention share | rel. err vs 1 GPU | cosine vs 1 GPU | err vs 1-GPU bf16 (1 GPU -> N GPU) | match |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for setting, table in doc["summary"].items():
@@ -310,15 +320,16 @@ def to_markdown(doc: dict) -> str:
                          f"{_fmt(share, '.0f', '%')} | {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')} | "
                          f"{_fmt(mt.get('cos_vs_1gpu'), '.6f')} | {errs} | {ok} |")
     lines.append("")
-    return "\n".join(lines)
+    return lines
 
 
 class Recorder:
     """Rank 0's document; rewritten (JSON and markdown) after every measurement."""
 
-    def __init__(self, meta: dict, json_path: Optional[str], md_path: Optional[str]):
+    def __init__(self, meta: dict, json_path: Optional[str], md_path: Optional[str], render=None):
         self.doc = {"meta": meta, "status": "running", "runs": [], "summary": {}}
         self.json_path, self.md_path = json_path, md_path
+        self.render = render or to_markdown  # doc -> markdown text
 
     def add(self, run: dict) -> None:
         self.doc["runs"].append(run)
@@ -334,7 +345,7 @@ class Recorder:
             os.replace(self.json_path + ".tmp", self.json_path)
         if self.md_path:
             with open(self.md_path, "w") as fh:
-                fh.write(to_markdown(self.doc))
+                fh.write(self.render(self.doc))
 
 
 def _versions() -> dict:
@@ -387,7 +398,9 @@ def _barrier(cuda: bool, rank: int) -> None:
     dist.barrier(device_ids=[rank]) if cuda else dist.barrier()
 
 
-def _worker(rank: int, world: int, tmp: str, opts: dict) -> None:
+def _worker(rank: int, world: int, tmp: str, opts: dict, body=None) -> None:
+    """One process: NVLS off, its device, the default process group (NCCL / gloo), then
+    ``body(rank, world, tmp, opts, cuda, device)`` (default :func:`_run`, the diffusers run)."""
     import warnings
 
     import torch.distributed as dist
@@ -404,7 +417,7 @@ def _worker(rank: int, world: int, tmp: str, opts: dict) -> None:
     dist.init_process_group("nccl" if cuda else "gloo", init_method=f"file://{os.path.join(tmp, 'init')}",
                             rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30))
     try:
-        _run(rank, world, tmp, opts, cuda, device)
+        (body or _run)(rank, world, tmp, opts, cuda, device)
     finally:
         dist.destroy_process_group()
 
@@ -471,17 +484,21 @@ def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> Non
         print(to_markdown(rec.doc), flush=True)
 
 
-def run(opts: dict) -> None:
-    """Spawn ``opts['world']`` processes; rank 0 writes ``opts['json']`` / ``opts['md']``."""
+def run(opts: dict, body=None) -> None:
+    """Spawn ``opts['world']`` processes running ``body`` (default :func:`_run`); rank 0 writes
+    ``opts['json']`` / ``opts['md']``."""
     import torch.multiprocessing as mp
 
     os.environ.update(NVLS_ENV)
     with tempfile.TemporaryDirectory() as tmp:
-        mp.spawn(_worker, args=(opts["world"], tmp, opts), nprocs=opts["world"], join=True)
+        mp.spawn(_worker, args=(opts["world"], tmp, opts, body), nprocs=opts["world"], join=True)
 
 
-def main(argv=None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+def main(argv=None, *, module: str = "fsattn_diffusers.parallel.scaling", body=None,
+         description: Optional[str] = None, extra_meta: Optional[dict] = None) -> int:
+    """Parse ``argv`` and run. ``module``, ``body``, ``description`` and ``extra_meta`` let a sibling run
+    (:mod:`.xdit_scaling`) reuse the command line, the checks and the report with its own worker body."""
+    parser = argparse.ArgumentParser(description=description or __doc__.splitlines()[0])
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
@@ -516,18 +533,18 @@ def main(argv=None) -> int:
     if spec.config["num_attention_heads"] % args.world or e2e.image_tokens(spec) % args.world:
         parser.error(f"heads ({spec.config['num_attention_heads']}) and tokens ({e2e.image_tokens(spec)}) must "
                      f"divide by --world {args.world}")
-    cmd = "python -m fsattn_diffusers.parallel.scaling " + " ".join(shlex.quote(a) for a in
-                                                                   (sys.argv[1:] if argv is None else argv))
+    cmd = f"python -m {module} " + " ".join(shlex.quote(a) for a in (sys.argv[1:] if argv is None else argv))
     meta = dict(_versions(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=cmd.strip(),
                 wrapper=args.wrapper, world=args.world, backend=args.backend, steps=args.steps,
                 warmup=max(1, args.warmup), policies=policies, modes=modes, env=dict(NVLS_ENV),
                 notes=["hybrid is projected from the measured mxfp6 and mxfp4 steps of the same setting "
                        f"({2 * e2e.HYBRID_ENDS} + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} of {e2e.PAPER_STEPS}), "
                        "not timed with step tracking"])
+    meta.update(extra_meta or {})
     opts = dict(device=args.device, world=args.world, policies=policies, modes=modes, steps=args.steps,
                 warmup=max(1, args.warmup), frames=args.frames, height=args.height, width=args.width,
                 tiny=args.tiny, backend=args.backend, seed=args.seed, json=args.json, md=args.md, meta=meta)
-    run(opts)
+    run(opts, body)
     return 0
 
 
