@@ -28,16 +28,28 @@ NUM_STAGES = 3
 # "ws": the warp-specialized variant in fused_attention_ws.py; it compiles to producer + consumer
 # partitions but hung on the H200 (Triton 3.6, 2026-11-29): experimental, opt-in. MXFP6 P (mxfp6/mxfp4)
 # never takes "ws": Triton 3.6 cannot warp-specialize its block max.
+# "gluon": kernels/fused_attention_gluon.py, the fp8_row-P recipes (mxfp8) with the GEMMs asynchronous and the
+# softmax under them (FlashAttention-3's intra-warpgroup overlap), written in Gluon because triton.language
+# cannot place the wgmma waits; other recipes, and the CPU interpreter, take "fast". Opt-in until measured.
 VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "fast")
-VARIANTS = ("classic", "ws", "fast")
+VARIANTS = ("classic", "ws", "fast", "gluon")
+
+
+def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
+    """The variant that runs ``plan``: "gluon" covers gated fp8_row P (mxfp8) on a GPU, else "fast" runs."""
+    variant = variant or VARIANT
+    if variant == "gluon" and (plan.p_mxfp6 or not plan.gate or plan.rowsum_dot or INTERPRET):
+        return "fast"
+    return variant
 
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None):
     """All operands for the attention kernel: ``(q8, qe, k8, ke, v8t, vs)`` (see kernels.prepass)."""
-    nan_pad = (variant or VARIANT) == "ws" and not INTERPRET and not plan.p_mxfp6
+    variant = effective_variant(variant, plan)
+    nan_pad = (variant == "ws" and not INTERPRET and not plan.p_mxfp6) or variant == "gluon"
     q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=True)
     k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad)
-    v8t, vs = prepare_v(v, plan, kv_lens, perm=(variant or VARIANT) == "fast")
+    v8t, vs = prepare_v(v, plan, kv_lens, perm=variant in ("fast", "gluon"))
     return q8, qe, k8, ke, v8t, vs
 
 
@@ -51,13 +63,15 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     back) when ``variant`` is ``classic``; for ``ws`` pass ``stats=None`` to skip the counting, or a
     tensor to get them (counted through a flag buffer).
     """
-    variant = variant or VARIANT
+    variant = effective_variant(variant, plan)
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     grid = (sqp // block_m, b * h)
     if variant == "ws" and not plan.p_mxfp6:
         return _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
+    if variant == "gluon":
+        return _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, num_stages)
     from .fused_attention import fsattn_fwd_kernel
 
     if stats is None:
@@ -69,6 +83,31 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, FAST=variant == "fast",
         PERM=variant == "fast", num_warps=num_warps)
+
+
+def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, num_stages):
+    """kernels/fused_attention_gluon.py on pre-pass operands (K8 NaN-padded, V8T permuted)."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    from .fused_attention_gluon import fsattn_fwd_gluon_kernel
+
+    q8, qe, k8, ke, v8t, vs = ops
+    b, h, sqp, d = q8.shape
+    skp = k8.shape[2]
+
+    def desc(t, block):
+        layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+    if stats is None:
+        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
+    fsattn_fwd_gluon_kernel[(sqp // BLOCK_M, b * h)](
+        desc(q8.view(b * h * sqp, d), [BLOCK_M, d]), desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
+        desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), qe, ke, vs, out, lse if lse is not None else stats, stats,
+        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        D=d, BM=BLOCK_M, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
+        CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), STAGES=num_stages, PERM=True, num_warps=8)
 
 
 def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):

@@ -41,7 +41,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws"),
+    parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws", "gluon"),
                         help="kernel variant (default: $FSATTN_KERNEL_VARIANT or fast); 'classic' is the first "
                              "kernel, 'ws' experimental; see benchmarks/NOTES.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
