@@ -44,7 +44,7 @@ import subprocess
 import sys
 import tempfile
 import time
-from typing import Dict, List, Optional
+from typing import Dict, List, Optional, Sequence
 
 import torch
 
@@ -422,6 +422,27 @@ def _worker(rank: int, world: int, tmp: str, opts: dict, body=None) -> None:
         dist.destroy_process_group()
 
 
+
+def save_single(rank: int, tmp: str, policy: str, r: dict, out: torch.Tensor) -> None:
+    """Record one 1-GPU measurement of this rank (the run and the compared output) for rank 0 to gather."""
+    r.update(setting="1gpu", gpus=1, mode=None, rank=rank)
+    torch.save({"run": r, "out": out}, os.path.join(tmp, f"single_{policy}.pt"))
+    _log(rank, f"1 GPU  {policy:<6} step {r['step_median_s']:.2f} s (attention {100 * r['attention_share']:.0f}%, "
+               f"first forward {r['first_forward_s']:.1f} s)")
+
+
+def gather_single(rank: int, tmp: str, policies: Sequence[str], rec) -> Dict[str, torch.Tensor]:
+    """On rank 0: every rank's 1-GPU runs added to ``rec``; returns ``{policy: one-call output}`` (else empty)."""
+    single: Dict[str, torch.Tensor] = {}
+    if rank == 0:
+        for policy in policies:
+            path = os.path.join(tmp, f"single_{policy}.pt")
+            if os.path.exists(path):
+                saved = torch.load(path)
+                single[policy] = saved["out"]
+                rec.add(saved["run"])
+    return single
+
 def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> None:
     spec = make_spec(opts["frames"], opts["height"], opts["width"], opts["tiny"])
     policies, modes, steps, warmup, backend = (opts[k] for k in ("policies", "modes", "steps", "warmup", "backend"))
@@ -447,19 +468,9 @@ def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> Non
     for policy in policies[rank::world]:
         with policy_processors(model, spec, policy, backend, None), _cpu_cudnn_stand_in(not cuda):
             r, out = measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=False)
-        r.update(setting="1gpu", gpus=1, mode=None, rank=rank)
-        torch.save({"run": r, "out": out}, os.path.join(tmp, f"single_{policy}.pt"))
-        _log(rank, f"1 GPU  {policy:<6} step {r['step_median_s']:.2f} s (attention {100 * r['attention_share']:.0f}%, "
-                   f"first forward {r['first_forward_s']:.1f} s)")
+        save_single(rank, tmp, policy, r, out)
     _barrier(cuda, rank)
-    single: Dict[str, torch.Tensor] = {}
-    if rank == 0:
-        for policy in policies:
-            path = os.path.join(tmp, f"single_{policy}.pt")
-            if os.path.exists(path):
-                saved = torch.load(path)
-                single[policy] = saved["out"]
-                rec.add(saved["run"])
+    single = gather_single(rank, tmp, policies, rec)
 
     # N GPUs: each mode, each policy; the wiring is undone after each.
     stock_backend = "_native_cudnn"

@@ -38,7 +38,6 @@ from __future__ import annotations
 
 import contextlib
 import importlib
-import os
 import sys
 import time
 import types
@@ -251,19 +250,9 @@ def _measure_all(xf, rank: int, world: int, tmp: str, opts: dict, cuda: bool, de
     with xdit_setting(xf, model, "1gpu", world, cuda, spec.name):
         for policy in policies[rank::world]:
             r, out = one(policy, "1gpu")
-            r.update(setting="1gpu", gpus=1, mode=None, rank=rank)
-            torch.save({"run": r, "out": out}, os.path.join(tmp, f"single_{policy}.pt"))
-            _log(rank, f"1 GPU  {policy:<6} step {r['step_median_s']:.2f} s (attention "
-                       f"{100 * r['attention_share']:.0f}%, first forward {r['first_forward_s']:.1f} s)")
+            scaling.save_single(rank, tmp, policy, r, out)
         _barrier(cuda, rank)
-    single: Dict[str, torch.Tensor] = {}
-    if rank == 0:
-        for policy in policies:
-            path = os.path.join(tmp, f"single_{policy}.pt")
-            if os.path.exists(path):
-                saved = torch.load(path)
-                single[policy] = saved["out"]
-                rec.add(saved["run"])
+    single = scaling.gather_single(rank, tmp, policies, rec)
 
     # N GPUs: xDiT Ulysses, then ring.
     for mode in modes:
