@@ -71,7 +71,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     if variant == "ws" and not plan.p_mxfp6:
         return _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
     if variant == "gluon":
-        return _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, num_stages)
+        return _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_warps, num_stages)
     from .fused_attention import fsattn_fwd_kernel
 
     if stats is None:
@@ -85,8 +85,11 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         PERM=variant == "fast", num_warps=num_warps)
 
 
-def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, num_stages):
-    """kernels/fused_attention_gluon.py on pre-pass operands (K8 NaN-padded, V8T permuted)."""
+def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_warps, num_stages):
+    """kernels/fused_attention_gluon.py on pre-pass operands (K8 NaN-padded, V8T permuted). ``block_m`` 64 with
+    ``num_warps`` 4 puts one warpgroup per program (two programs fit an SM at 3 stages: 104 KB shared memory)."""
+    if block_m not in (64, 128) or num_warps != block_m // 16:
+        raise ValueError(f"gluon kernel: block_m {block_m} with num_warps {num_warps}; accepted: 128 with 8, 64 with 4")
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
@@ -102,12 +105,12 @@ def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, num_stages):
 
     if stats is None:
         stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
-    fsattn_fwd_gluon_kernel[(sqp // BLOCK_M, b * h)](
-        desc(q8.view(b * h * sqp, d), [BLOCK_M, d]), desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
+    fsattn_fwd_gluon_kernel[(sqp // block_m, b * h)](
+        desc(q8.view(b * h * sqp, d), [block_m, d]), desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
         desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), qe, ke, vs, out, lse if lse is not None else stats, stats,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
-        D=d, BM=BLOCK_M, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
-        CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), STAGES=num_stages, PERM=True, num_warps=8)
+        D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
+        CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), STAGES=num_stages, PERM=True, num_warps=num_warps)
 
 
 def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):

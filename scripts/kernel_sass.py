@@ -27,7 +27,13 @@ def compile_variant(num_warps=8, num_stages=2, **const):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
 
 
-def report(k, out=None, tag="v"):
+KEYS = ["QGMMA", "HGMMA", "FFMA", "FMUL", "FADD", "FMNMX", "SHF", "IMAD", "F2FP", "PRMT", "LDS", "STS", "BAR", "SHFL", "LDG",
+        "LDGSTS", "MUFU", "LDL", "STL"]
+
+
+def report(k, out=None, tag="v", keys=None):
+    """(registers, spill stores, SASS op counts for ``keys``, shared memory bytes) of a compiled kernel ``k``;
+    with ``out``, its SASS and TTGIR (and PTX) are written there as ``tag``.*."""
     cubin = "/tmp/_k.cubin"
     open(cubin, "wb").write(k.asm["cubin"])
     sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
@@ -40,10 +46,11 @@ def report(k, out=None, tag="v"):
     regs = re.findall(r"Used (\d+) registers", ptxas)
     spill = re.findall(r"(\d+) bytes spill stores", ptxas)
     if out:
+        os.makedirs(out, exist_ok=True)
         open(os.path.join(out, f"{tag}.sass"), "w").write(sass)
         open(os.path.join(out, f"{tag}.ttgir"), "w").write(k.asm["ttgir"])
-    keys = ["QGMMA", "HGMMA", "FFMA", "FMUL", "FADD", "FMNMX", "SHF", "IMAD", "F2FP", "PRMT", "LDS", "STS", "BAR", "SHFL", "LDG", "LDGSTS", "MUFU", "LDL", "STL"]
-    return regs, spill, {k_: base.get(k_, 0) for k_ in keys}, k.metadata.shared
+        open(os.path.join(out, f"{tag}.ptx"), "w").write(k.asm["ptx"])
+    return regs, spill, {k_: base.get(k_, 0) for k_ in (keys or KEYS)}, k.metadata.shared
 
 
 if __name__ == "__main__":

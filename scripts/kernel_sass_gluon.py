@@ -3,7 +3,7 @@ registers, spills, shared memory and SASS op counts, like scripts/kernel_sass.py
 
 Usage: PYTHONPATH=$PWD python scripts/kernel_sass_gluon.py [OUTDIR]
 """
-import collections, os, re, subprocess, sys
+import os, sys
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -16,7 +16,8 @@ from fsattn_diffusers.backends.triton_backend import kernels_package  # noqa: E4
 kernels_package()
 from fsattn_diffusers.kernels.fused_attention_gluon import fsattn_fwd_gluon_kernel  # noqa: E402
 
-BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
+from kernel_sass import report  # noqa: E402  (registers, spills, op counts, shared memory)
 
 
 def desc(block):
@@ -39,32 +40,15 @@ def compile_gluon(d=128, bm=128, bn=128, stages=3, num_warps=8, **const):
     return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps})
 
 
-def report(k, out=None, tag="g"):
-    cubin = "/tmp/_g.cubin"
-    open(cubin, "wb").write(k.asm["cubin"])
-    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M))
-    base = collections.Counter()
-    for op, n in ops.items():
-        base[op.split(".")[0]] += n
-    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", "-o", "/dev/null", "-"],
-                           input=k.asm["ptx"], capture_output=True, text=True).stderr
-    if out:
-        os.makedirs(out, exist_ok=True)
-        open(os.path.join(out, f"{tag}.sass"), "w").write(sass)
-        open(os.path.join(out, f"{tag}.ttgir"), "w").write(k.asm["ttgir"])
-        open(os.path.join(out, f"{tag}.ptx"), "w").write(k.asm["ptx"])
-    keys = ["QGMMA", "WARPGROUP", "FFMA", "FMUL", "FADD", "FMNMX", "SHF", "F2FP", "PRMT", "SHFL", "BAR", "SYNCS",
-            "UTMALDG", "LDL", "STL"]
-    return (re.findall(r"Used (\d+) registers", ptxas), re.findall(r"(\d+) bytes spill stores", ptxas),
-            {k_: base.get(k_, 0) for k_ in keys}, k.metadata.shared)
+KEYS = ["QGMMA", "WARPGROUP", "FFMA", "FMUL", "FADD", "FMNMX", "SHF", "F2FP", "PRMT", "SHFL", "BAR", "SYNCS", "UTMALDG",
+        "LDL", "STL"]
 
 
 if __name__ == "__main__":
     out = sys.argv[1] if len(sys.argv) > 1 else None
     for tag, kw in {"gluon_d128": {}, "gluon_d64": dict(d=64), "gluon_lse_kvl": dict(WRITE_LSE=True, HAS_KVL=True),
-                    "gluon_st2": dict(stages=2), "gluon_noperm": dict(PERM=False)}.items():
+                    "gluon_st2": dict(stages=2), "gluon_noperm": dict(PERM=False), "gluon_bm64_w4": dict(bm=64, num_warps=4)}.items():
         try:
-            print(tag, *report(compile_gluon(**kw), out, tag), flush=True)
+            print(tag, *report(compile_gluon(**kw), out, tag, KEYS), flush=True)
         except Exception as e:  # noqa
             print(tag, "FAILED", repr(e)[:1500], flush=True)
