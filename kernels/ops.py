@@ -31,14 +31,19 @@ NUM_STAGES = 3
 # "gluon": kernels/fused_attention_gluon.py, the fp8_row-P recipes (mxfp8) with the GEMMs asynchronous and the
 # softmax under them (FlashAttention-3's intra-warpgroup overlap), written in Gluon because triton.language
 # cannot place the wgmma waits; other recipes, and the CPU interpreter, take "fast". Opt-in until measured.
+# "gluonpp": kernels/fused_attention_gluon_pp.py, the same recipes and numerics as "gluon" with the two warpgroups
+# of a 128-row tile taking turns on the tensor cores (FlashAttention-3's ping-pong; a gate per warpgroup).
 VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "fast")
-VARIANTS = ("classic", "ws", "fast", "gluon")
+VARIANTS = ("classic", "ws", "fast", "gluon", "gluonpp")
+GLUON_VARIANTS = ("gluon", "gluonpp")
 
 
 def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
-    """The variant that runs ``plan``: "gluon" covers gated fp8_row P (mxfp8) on a GPU, else "fast" runs."""
+    """The variant that runs ``plan``: "gluon"/"gluonpp" cover gated fp8_row P (mxfp8) on a GPU, else "fast" runs."""
     variant = variant or VARIANT
-    if variant == "gluon" and (plan.p_mxfp6 or not plan.gate or plan.rowsum_dot or INTERPRET):
+    if variant not in VARIANTS:
+        raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+    if variant in GLUON_VARIANTS and (plan.p_mxfp6 or not plan.gate or plan.rowsum_dot or INTERPRET):
         return "fast"
     return variant
 
@@ -46,10 +51,10 @@ def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None):
     """All operands for the attention kernel: ``(q8, qe, k8, ke, v8t, vs)`` (see kernels.prepass)."""
     variant = effective_variant(variant, plan)
-    nan_pad = (variant == "ws" and not INTERPRET and not plan.p_mxfp6) or variant == "gluon"
+    nan_pad = (variant == "ws" and not INTERPRET and not plan.p_mxfp6) or variant in GLUON_VARIANTS
     q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=True)
     k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad)
-    v8t, vs = prepare_v(v, plan, kv_lens, perm=variant in ("fast", "gluon"))
+    v8t, vs = prepare_v(v, plan, kv_lens, perm=variant in ("fast",) + GLUON_VARIANTS)
     return q8, qe, k8, ke, v8t, vs
 
 
@@ -70,6 +75,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     grid = (sqp // block_m, b * h)
     if variant == "ws" and not plan.p_mxfp6:
         return _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
+    if variant == "gluonpp":
+        return _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
     if variant == "gluon":
         return _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_warps, num_stages)
     from .fused_attention import fsattn_fwd_kernel
@@ -90,19 +97,13 @@ def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_wa
     ``num_warps`` 4 puts one warpgroup per program (two programs fit an SM at 3 stages: 104 KB shared memory)."""
     if block_m not in (64, 128) or num_warps != block_m // 16:
         raise ValueError(f"gluon kernel: block_m {block_m} with num_warps {num_warps}; accepted: 128 with 8, 64 with 4")
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
     from .fused_attention_gluon import fsattn_fwd_gluon_kernel
 
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
 
-    def desc(t, block):
-        layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
-        return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-
+    desc = _fp8_desc
     if stats is None:
         stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
     fsattn_fwd_gluon_kernel[(sqp // block_m, b * h)](
@@ -111,6 +112,38 @@ def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_wa
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), STAGES=num_stages, PERM=True, num_warps=num_warps)
+
+
+def _fp8_desc(t, block):
+    """Host TMA descriptor of an FP8 tensor with the default NVMMA shared layout for ``block``."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
+    """kernels/fused_attention_gluon_pp.py: 128-row tiles, one 4-warp partition per 64 rows (8 warps in all)."""
+    if block_m != 128:
+        raise ValueError(f"gluonpp kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
+    from .fused_attention_gluon_pp import WG_ROWS, fsattn_fwd_gluon_pp_kernel
+
+    q8, qe, k8, ke, v8t, vs = ops
+    b, h, sqp, d = q8.shape
+    skp = k8.shape[2]
+    if stats is None:
+        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
+    fsattn_fwd_gluon_pp_kernel[(sqp // block_m, b * h)](
+        _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
+        _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), qe, ke, vs, out, lse if lse is not None else stats,
+        stats, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
+        SIGMA=float(plan.p_sigma), STAGES=num_stages, REGS=PP_WORKER_REGS, num_warps=4)
+
+
+# Registers per thread of the ping-pong kernel's worker partition (the default one takes 256: 63488 of 65536).
+PP_WORKER_REGS = 240
 
 
 def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):

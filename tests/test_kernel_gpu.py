@@ -293,12 +293,14 @@ def test_permuted_v_is_a_key_permutation(recipe):
 GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 2000, 64, "bhsd", None, False)]
 
 
+@pytest.mark.parametrize("variant", ["gluon", "gluonpp"])
 @pytest.mark.parametrize("case", [c if len(c) == 8 else (*c, False) for c in GLUON_CASES],
                          ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-kv{c[6]}-spiky{c[7]}")
-def test_gluon_variant_matches_fast_and_reference(case):
-    """FSATTN_KERNEL_VARIANT=gluon (mxfp8; asynchronous GEMMs, softmax under the PV GEMM, TMA loads, NaN-padded
-    keys as the mask): the same values as the fast variant up to the row sum's summation order, the tolerance rule
-    against the reference, no unwritten element, -inf LSE exactly where no key is valid, the same rollbacks."""
+def test_gluon_variant_matches_fast_and_reference(case, variant):
+    """FSATTN_KERNEL_VARIANT=gluon / gluonpp (mxfp8; asynchronous GEMMs, softmax under the PV GEMM, TMA loads,
+    NaN-padded keys as the mask; gluonpp: two warpgroups taking turns): the same values as the fast variant up to
+    the row sum's summation order, the tolerance rule against the reference, no unwritten element, -inf LSE exactly
+    where no key is valid, the same rollbacks (gluonpp counts 64-row half tiles: between 1x and 2x the tiles)."""
     if CPU_INTERPRET:
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     b, h, s_q, s_k, d, layout, lens, spiky = case
@@ -306,20 +308,24 @@ def test_gluon_variant_matches_fast_and_reference(case):
     kv = None if lens is None else torch.tensor(lens, device=DEV)
     poison_allocator()
     of, lf, sf = _kernel(q, k, v, "mxfp8", kv, "fast")
-    og, lg, sg = _kernel(q, k, v, "mxfp8", kv, "gluon")
+    og, lg, sg = _kernel(q, k, v, "mxfp8", kv, variant)
     scale = 1.0 / math.sqrt(d)
     ref_o, ref_lse, ref_st = sm90_numerics.reference_attention(q, k, v, PRESETS["mxfp8"], scale=scale, kv_lens=kv)
     ex_o, ex_lse = exact(q, k, v, scale, kv)
     e_g, e_r = rel(og, ex_o), rel(ref_o, ex_o)
     finite = torch.isfinite(ex_lse)
     lse_diff = float((lg - lf)[finite].abs().max()) if finite.any() else 0.0
-    print(f"gluon {case}: gluon-vs-fast {rel(og, of):.2e} gluon-vs-ref {rel(og, ref_o):.2e} err gluon {e_g:.5f} "
+    print(f"{variant} {case}: gluon-vs-fast {rel(og, of):.2e} gluon-vs-ref {rel(og, ref_o):.2e} err gluon {e_g:.5f} "
           f"ref {e_r:.5f} | lse gluon-fast {lse_diff:.2e} | stats fast {sf.tolist()} gluon {sg.tolist()} ref {ref_st}")
     assert not torch.isnan(og).any(), "unwritten (NaN-poisoned) or NaN output"
     assert torch.equal(torch.isfinite(lg), finite), "LSE must be -inf exactly on rows with no valid key"
     assert rel(og, of) < 2e-3 and lse_diff < 1e-4
     assert e_g <= 2 * e_r + ATOL and rel(og, ref_o) < 2e-2
-    assert abs(int(sg[0]) - int(sf[0])) <= max(2, int(sf[0]) // 50) and int(sg[1]) == int(sf[1])
+    assert abs(int(sg[0]) - int(sf[0])) <= max(2, int(sf[0]) // 50)
+    if variant == "gluon":
+        assert int(sg[1]) == int(sf[1])
+    else:
+        assert int(sf[1]) <= int(sg[1]) <= 2 * int(sf[1])
     if lens is not None and 0 in lens:
         assert torch.all(og[lens.index(0)] == 0)
 

@@ -1,0 +1,194 @@
+"""Fused-Softmax attention forward in Gluon for Hopper, ping-pong form: two warpgroups, each its own 64 query rows,
+take turns on the tensor cores (FlashAttention-3's inter-warpgroup scheduling), so that one warpgroup's softmax runs
+while the other's GEMMs do.
+
+Numerics, operands and the per-tile steps are those of :mod:`kernels.fused_attention_gluon` (mxfp8: P per-row FP8,
+gate on the raw score maxima, Stage-A by bit construction, keys past ``kv_lens`` as E4M3 NaN). What changes:
+
+* ``gl.warp_specialize`` runs the same consumer twice, on rows ``[0, 64)`` and ``[64, 128)`` of the program's
+  128-row query tile, as two 4-warp partitions. Each has its own gate, so the gate's reduction and the rollback
+  branch involve one warpgroup (a 128-thread barrier), not the whole CTA: the two no longer run in lock-step.
+* A pair of "turn" mbarriers orders the GEMM issues: warpgroup ``w`` waits for its turn, issues ``S_j = Q K_j^T``
+  and ``O += P_{j-1} V_{j-1}``, then hands the turn to the other. Stage-B of ``P_{j-1}`` is done before taking the
+  turn, so both GEMMs go out back to back.
+* K/V stages are released through an ``empty`` mbarrier per slot (one arrival per warpgroup after its PV GEMM on
+  that slot has landed); warpgroup 1 then refills the slot by TMA.
+
+Rollback statistics: ``STATS[1]`` counts (64-row half tile, key tile) pairs with a rollback (the other variants
+count 128-row tiles); ``STATS[0]`` (rows) is the same count as theirs.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _stage_b
+
+# Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
+WG_ROWS = gl.constexpr(64)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc,
+              QE, KE, VS, OUT, LSE, STATS, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, SIGMA):
+    """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
+
+    Partition arguments cannot be constexprs (they arrive as tensors): the tile sizes come from the shared-memory
+    shapes, and ``WRITE_LSE``, ``CAP``, ``SIGMA`` are runtime scalars.
+    """
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BN: gl.constexpr = k_smem.shape[1]
+    D: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 32])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+    ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
+    BM: gl.constexpr = WG_ROWS
+
+    n_tiles = (n_keys + BN - 1) // BN
+    qs = q_smem.index(WG)
+    qe = gl.load(QE + bh * (SQP // 128) + pid_m)  # Q's exponent per 128-row tile (both warpgroups share it)
+    KE_row = KE + bh * (SKP // BN)
+    krow0 = bh * SKP
+    vrow0 = bh * D
+    row0 = pid_m * 128 + WG * BM
+    rows = row0 + gl.arange(0, BM, layout=srow)
+    row_ok = rows < SQ
+    zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
+
+    o = gl.zeros([BM, D], gl.float32, o_layout)
+    l = gl.zeros([BM], gl.float32, srow)
+    m = gl.full([BM], float("-inf"), gl.float32, srow)
+    nrows = pid_m * 0
+    ntiles = pid_m * 0
+    if n_keys > 0:
+        mbarrier.wait(qbar.index(WG), 0)
+        mbarrier.wait(kbar.index(0), 0)
+        s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        e0 = qe + gl.load(KE_row)
+        m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
+        c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
+        p, l = _stage_a(s, _pow2(e0 + 7), c)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            pa = _stage_b(p, p_layout, BM, BN, True)  # Stage-B of tile j-1 before taking the turn
+            mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
+            mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
+            mbarrier.wait(turn.index(WG), (j - 1) & 1)
+            s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            mbarrier.arrive(turn.index(1 - WG))  # the other warpgroup may issue its GEMMs now
+            s = warpgroup_mma_wait(1, deps=(s,))
+            e_t = qe + gl.load(KE_row + j)
+            amax = gl.max(s, axis=1)
+            fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
+            anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
+            p, psum = _stage_a(s, _pow2(e_t + 7), c)
+            o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
+            mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
+            if WG == 1:  # refill the slot once both warpgroups have released it
+                mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
+                _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, prev, j - 1 + STAGES, krow0, vrow0,
+                         j - 1 + STAGES < n_tiles, BN)
+            if anyfire:  # rare rollback: new reference for the fired rows, O and l rescaled, Stage-A redone
+                delta = gl.where(fire, gl.ceil(amax * _pow2(e_t) - m), 0.0)
+                m = m + delta
+                c = c - 128.0 * delta
+                down = gl.exp2(-delta)
+                l = l * down
+                o = o * gl.convert_layout(down, orow)[:, None]
+                nrows += gl.sum((fire & row_ok).to(gl.int32), axis=0)
+                ntiles += 1
+                p, psum = _stage_a(s, _pow2(e_t + 7), c)
+            l = l + psum
+        last = (n_tiles - 1) % STAGES
+        pa = _stage_b(p, p_layout, BM, BN, True)
+        mbarrier.wait(vbar.index(last), ((n_tiles - 1) // STAGES) & 1)
+        o = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), o, is_async=True)
+        o = warpgroup_mma_wait(0, deps=(o,))
+
+    dcol = gl.arange(0, D, layout=ocol)
+    orows = row0 + gl.arange(0, BM, layout=orow)
+    vs = gl.load(VS + bh * D + dcol)
+    inv = gl.convert_layout(gl.where(l > 0, 1.0 / l, 0.0), orow)
+    out = o * inv[:, None] * vs[None, :]
+    optr = (OUT + b.to(gl.int64) * sob + h.to(gl.int64) * soh + orows[:, None].to(gl.int64) * sos
+            + dcol[None, :] * sod)
+    gl.store(optr, out.to(OUT.dtype.element_ty), mask=(orows < SQ)[:, None])
+    lse = (gl.log2(l) - SIGMA + m) * 0.6931471805599453  # stored only when asked (a runtime flag here)
+    gl.store(LSE + bh.to(gl.int64) * SQ + rows, lse, mask=row_ok & (WRITE_LSE != 0))
+    if ntiles > 0:
+        gl.atomic_add(STATS, nrows)
+        gl.atomic_add(STATS + 1, ntiles)
+
+
+@gluon.jit
+def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+               pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
+    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+              pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+
+
+@gluon.jit
+def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+               pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
+    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+              pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+
+
+@gluon.jit
+def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS, KVL,
+                               sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
+                               D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr,
+                               CAP: gl.constexpr, SIGMA: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr):
+    """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
+
+    q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
+    k_desc : of K8 (B*H*SKP, D), block (BN, D), NaN rows past the valid keys.
+    v_desc : of V8T (B*H*D, SKP), block (D, BN), keys permuted into the FP8 A-fragment order.
+    """
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_keys = SK
+    if HAS_KVL:
+        n_keys = gl.load(KVL + b).to(gl.int32)
+    n_tiles = (n_keys + BN - 1) // BN
+
+    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, WG_ROWS, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BN], v_desc.layout)
+    qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    vbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    for i in gl.static_range(2):
+        mbarrier.init(qbar.index(i), count=1)
+        mbarrier.init(turn.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kbar.index(i), count=1)
+        mbarrier.init(vbar.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+
+    for i in gl.static_range(2):
+        mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
+                                        q_smem.index(i))
+    for i in gl.static_range(STAGES):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
+    mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
+
+    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+            pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+    gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
