@@ -14,11 +14,14 @@ gate on the raw score maxima, Stage-A by bit construction, keys past ``kv_lens``
 * K/V stages are released through an ``empty`` mbarrier per slot (one arrival per warpgroup after its PV GEMM on
   that slot has landed); warpgroup 1 then refills the slot by TMA.
 
-Rollback statistics: ``STATS[1]`` counts (64-row half tile, key tile) pairs with a rollback (the other variants
-count 128-row tiles); ``STATS[0]`` (rows) is the same count as theirs.
+Rollback statistics: ``STATS[0]`` counts rows (as the other variants); the (128-row tile, key tile) pairs with a
+rollback are bits of ``FLAGS`` (``NKW`` int32 words per (batch x head, query tile); ``NKW = 0`` records none), which
+the host counts, since the two warpgroups of a tile roll back independently.
 """
 
 from __future__ import annotations
+
+import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -29,11 +32,41 @@ from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _st
 
 # Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
 WG_ROWS = gl.constexpr(64)
+# TEMPORARY measurement harness (timing only, wrong numerics when non-zero): bit mask of steady-state steps to
+# drop or replace. 1 gate, 2 Stage-A clamp, 4 row sum, 8 the shift of the proxy, 16 all of Stage-A (p = S),
+# 32 Stage-B (a constant P operand), 64 clamp by fma.rn.sat.
+_DEV_ABLATE = gl.constexpr(int(os.environ.get("FSATTN_DEV_ABLATE", "0")))
+
+
+@gluon.jit
+def _stage_a_dev(s, s128, c):
+    """_stage_a with the steps of _DEV_ABLATE dropped (timing experiments)."""
+    if (_DEV_ABLATE & 16) != 0:
+        return s, gl.sum(gl.zeros_like(s), axis=1)
+    if (_DEV_ABLATE & 64) != 0:
+        cb = gl.zeros_like(s) + ((c - MAGIC) * (1.0 / 32768.0))[:, None]
+        sb = gl.zeros_like(s) + s128 * (1.0 / 32768.0)
+        y = gl.inline_asm_elementwise("fma.rn.sat.f32 $0, $1, $2, $3;", "=r,r,r,r", [s, sb, cb],
+                                      dtype=gl.float32, is_pure=True, pack=1)
+        f = gl.fma(y, gl.zeros_like(s) + 32768.0, gl.zeros_like(s) + MAGIC)
+    else:
+        f = gl.fma(s, gl.zeros_like(s) + s128, gl.zeros_like(s) + c[:, None])
+        if (_DEV_ABLATE & 2) == 0:
+            f = gl.maximum(f, MAGIC)
+    if (_DEV_ABLATE & 8) != 0:
+        p = f
+    else:
+        p = (f.to(gl.int32, bitcast=True) << 16).to(gl.float32, bitcast=True)
+    if (_DEV_ABLATE & 4) != 0:
+        psum = gl.sum(gl.zeros_like(p), axis=1)
+    else:
+        psum = gl.sum(p, axis=1)
+    return p, psum
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc,
-              QE, KE, VS, OUT, LSE, STATS, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
               WRITE_LSE, CAP, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
 
@@ -76,10 +109,14 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         p, l = _stage_a(s, _pow2(e0 + 7), c)
+        pa0 = _stage_b(p, p_layout, BM, BN, True)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
-            pa = _stage_b(p, p_layout, BM, BN, True)  # Stage-B of tile j-1 before taking the turn
+            if (_DEV_ABLATE & 32) != 0:
+                pa = pa0
+            else:
+                pa = _stage_b(p, p_layout, BM, BN, True)  # Stage-B of tile j-1 before taking the turn
             mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
             mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
             mbarrier.wait(turn.index(WG), (j - 1) & 1)
@@ -88,10 +125,18 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
             mbarrier.arrive(turn.index(1 - WG))  # the other warpgroup may issue its GEMMs now
             s = warpgroup_mma_wait(1, deps=(s,))
             e_t = qe + gl.load(KE_row + j)
-            amax = gl.max(s, axis=1)
-            fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
-            anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
-            p, psum = _stage_a(s, _pow2(e_t + 7), c)
+            if (_DEV_ABLATE & 1) != 0:
+                amax = m
+                fire = m > m
+                anyfire = j < 0
+            else:
+                amax = gl.max(s, axis=1)
+                fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
+                anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
+            if _DEV_ABLATE != 0:
+                p, psum = _stage_a_dev(s, _pow2(e_t + 7), c)
+            else:
+                p, psum = _stage_a(s, _pow2(e_t + 7), c)
             o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
@@ -107,6 +152,8 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
                 o = o * gl.convert_layout(down, orow)[:, None]
                 nrows += gl.sum((fire & row_ok).to(gl.int32), axis=0)
                 ntiles += 1
+                if NKW > 0:
+                    gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32, 1 << (j % 32))
                 p, psum = _stage_a(s, _pow2(e_t + 7), c)
             l = l + psum
         last = (n_tiles - 1) % STAGES
@@ -127,25 +174,24 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
     gl.store(LSE + bh.to(gl.int64) * SQ + rows, lse, mask=row_ok & (WRITE_LSE != 0))
     if ntiles > 0:
         gl.atomic_add(STATS, nrows)
-        gl.atomic_add(STATS + 1, ntiles)
 
 
 @gluon.jit
 def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-               pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
+               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
     _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-              pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
 @gluon.jit
 def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-               pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
+               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
     _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-              pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
 @gluon.jit
-def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS, KVL,
+def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, KVL,
                                sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                                D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr,
                                CAP: gl.constexpr, SIGMA: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr):
@@ -190,5 +236,5 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STA
     mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
 
     args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-            pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+            FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])

@@ -132,14 +132,26 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
-    if stats is None:
+    want_stats = stats is not None
+    if not want_stats:
         stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
+    # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
+    nkw = -(-(skp // BLOCK_N) // 32) if want_stats else 0
+    flags = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
     fsattn_fwd_gluon_pp_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
         _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), qe, ke, vs, out, lse if lse is not None else stats,
-        stats, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        stats, flags, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         SIGMA=float(plan.p_sigma), STAGES=num_stages, REGS=PP_WORKER_REGS, num_warps=4)
+    if nkw:
+        stats[1] += _popcount(flags).to(torch.int32)
+
+
+def _popcount(words: torch.Tensor) -> torch.Tensor:
+    """Set bits in an int32 tensor (a byte lookup table; torch has no popcount)."""
+    lut = torch.tensor([bin(i).count("1") for i in range(256)], dtype=torch.int64, device=words.device)
+    return lut[words.view(torch.uint8).long()].sum()
 
 
 # Registers per thread of the ping-pong kernel's worker partition (the default one takes 256: 63488 of 65536).

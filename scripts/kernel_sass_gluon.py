@@ -36,7 +36,10 @@ def compile_gluon(d=128, bm=128, bn=128, stages=3, num_warps=8, pp=False, **cons
            "soh": "i32", "sos": "i32", "sod": "i32", "H": "i32", "SQ": "i32", "SK": "i32", "SQP": "i32", "SKP": "i32"}
     c = dict(D=d, BM=bm, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=4.0, SIGMA=4.0, STAGES=stages, PERM=True,
              num_warps=num_warps)
-    if pp:
+    if pp:  # FLAGS and NKW follow STATS
+        names = list(sig)
+        at = names.index("STATS") + 1
+        sig = dict(list(sig.items())[:at] + [("FLAGS", "*i32"), ("NKW", "i32")] + list(sig.items())[at:])
         c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=4.0, SIGMA=4.0, STAGES=stages, REGS=PP_WORKER_REGS)
     c.update(const)
     sig.update({k: "constexpr" for k in c})
