@@ -34,8 +34,19 @@ from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _st
 WG_ROWS = gl.constexpr(64)
 # TEMPORARY measurement harness (timing only, wrong numerics when non-zero): bit mask of steady-state steps to
 # drop or replace. 1 gate, 2 Stage-A clamp, 4 row sum, 8 the shift of the proxy, 16 all of Stage-A (p = S),
-# 32 Stage-B (a constant P operand), 64 clamp by fma.rn.sat.
+# 32 Stage-B (a constant P operand), 64 clamp by fma.rn.sat, 128 gate without the reduction across warps and the
+# branch, 256 gate without the branch, 512 the row maximum as a tree, 1024 no Stage-A outputs as deps of the PV wait.
 _DEV_ABLATE = gl.constexpr(int(os.environ.get("FSATTN_DEV_ABLATE", "0")))
+
+
+@gluon.jit
+def _rowmax_tree(s, BM: gl.constexpr, BN: gl.constexpr):
+    """Row maximum as a tree within each thread (halving the columns), then across lanes."""
+    x = gl.max(gl.reshape(s, [BM, 2, BN // 2]), axis=1)
+    x = gl.max(gl.reshape(x, [BM, 2, BN // 4]), axis=1)
+    x = gl.max(gl.reshape(x, [BM, 2, BN // 8]), axis=1)
+    x = gl.max(gl.reshape(x, [BM, 2, BN // 16]), axis=1)
+    return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, s.type.layout))
 
 
 @gluon.jit
@@ -130,14 +141,28 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
                 fire = m > m
                 anyfire = j < 0
             else:
-                amax = gl.max(s, axis=1)
+                if (_DEV_ABLATE & 512) != 0:
+                    amax = _rowmax_tree(s, BM, BN)
+                else:
+                    amax = gl.max(s, axis=1)
                 fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
-                anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
+                if (_DEV_ABLATE & 128) != 0:  # no reduction across warps, no branch
+                    l = l + gl.where(fire, 1e-30, 0.0)
+                    anyfire = j < 0
+                elif (_DEV_ABLATE & 256) != 0:  # the reduction, no branch
+                    anyfire = gl.max(fire.to(gl.int32), axis=0) > 0
+                    l = l + gl.where(anyfire, 1e-30, 0.0)
+                    anyfire = j < 0
+                else:
+                    anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
             if _DEV_ABLATE != 0:
                 p, psum = _stage_a_dev(s, _pow2(e_t + 7), c)
             else:
                 p, psum = _stage_a(s, _pow2(e_t + 7), c)
-            o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
+            if (_DEV_ABLATE & 1024) != 0:  # let ptxas place the wait
+                o = warpgroup_mma_wait(0, deps=(o,))
+            else:
+                o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
