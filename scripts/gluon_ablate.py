@@ -12,7 +12,9 @@ import subprocess
 import sys
 
 SHAPES = {"paper": (1, 24, 32768, 128), "wan22": (1, 40, 75600, 128), "tiny": (1, 2, 256, 128)}
-NAMES = {1: "gate", 2: "clamp", 4: "row sum", 8: "shift", 16: "Stage-A", 32: "Stage-B", 64: "clamp->fma.sat"}
+NAMES = {1: "gate", 2: "clamp", 4: "row sum", 8: "shift", 16: "Stage-A", 32: "Stage-B", 64: "clamp->fma.sat",
+         128: "gate's reduction and branch", 256: "gate's branch", 512: "tree row max", 1024: "wait deps",
+         2048: "row sum -> tensor cores", 4096: "gate -> OR of proxies"}
 
 
 def child(shape, stages):
@@ -37,6 +39,11 @@ def child(shape, stages):
                                           num_stages=stages)
     ms = triton.testing.do_bench(run, warmup=200, rep=1500, return_mode="median")
     res = {"ms": ms, "tflops": 4.0 * b * h * s * s * d / ms * 1e-9}
+    idx = torch.randperm(s, generator=torch.Generator().manual_seed(0))[:64].to("cuda")
+    sc = torch.einsum("bhqd,bhkd->bhqk", q[:, :, idx].double(), k.double()) / math.sqrt(d)
+    ex = (torch.softmax(sc, -1) @ v.double()).flatten()
+    o = out[:, :, idx].double().flatten()
+    res["cos_vs_exact"] = float(torch.nn.functional.cosine_similarity(o, ex, dim=0))
     if os.environ.get("FSATTN_DEV_ABLATE", "0") == "0":
         from torch.nn.attention import SDPBackend, sdpa_kernel
         with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
@@ -66,9 +73,10 @@ def main():
             print(f"mask {mask}: FAILED rc={p.returncode} {p.stderr[-800:]}", flush=True)
             continue
         r = dict(json.loads(line[0][7:]), mask=int(mask),
-                 dropped=", ".join(n for bit, n in NAMES.items() if int(mask) & bit) or "none (the kernel)")
+                 dropped=", ".join(n for bit, n in NAMES.items() if int(mask) & bit) or "none (the kernel)",
+                 shape=a.shape)
         rows.append(r)
-        print(f"mask {mask:>3} ({r['dropped']}): {r['ms']:.3f} ms {r['tflops']:.0f} TFLOP/s"
+        print(f"mask {mask:>4} ({r['dropped']}): {r['ms']:.3f} ms {r['tflops']:.0f} TFLOP/s cos {r['cos_vs_exact']:.5f}"
               + (f" | cuDNN {r['cudnn_ms']:.3f} ms" if "cudnn_ms" in r else ""), flush=True)
     if a.json:
         json.dump(rows, open(a.json, "w"), indent=1)
