@@ -17,11 +17,13 @@ gate on the raw score maxima, Stage-A by bit construction, keys past ``kv_lens``
 Rollback statistics: ``STATS[0]`` counts rows (as the other variants); the (128-row tile, key tile) pairs with a
 rollback are bits of ``FLAGS`` (``NKW`` int32 words per (batch x head, query tile); ``NKW = 0`` records none), which
 the host counts, since the two warpgroups of a tile roll back independently.
+
+Measured on the H200 (benchmarks/NOTES.md): 853-867 TFLOP/s at the paper shape with 4 stages, vs 844 for the
+lock-step Gluon kernel. Removing steady-state steps one at a time showed the loop issue-bound (about 0.012 ms per
+instruction per tile at that shape) and the gate's warpgroup reduction and rollback branch costing ~1.6 ms of 15.4.
 """
 
 from __future__ import annotations
-
-import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -32,75 +34,10 @@ from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _st
 
 # Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
 WG_ROWS = gl.constexpr(64)
-# TEMPORARY measurement harness (timing only, wrong numerics when non-zero): bit mask of steady-state steps to
-# drop or replace. 1 gate, 2 Stage-A clamp, 4 row sum, 8 the shift of the proxy, 16 all of Stage-A (p = S),
-# 32 Stage-B (a constant P operand), 64 clamp by fma.rn.sat, 128 gate without the reduction across warps and the
-# branch, 256 gate without the branch, 512 the row maximum as a tree, 1024 no Stage-A outputs as deps of the PV wait,
-# 2048 the row sum on the tensor cores (l = P8 @ ones, accumulated over tiles by a 64x8 wgmma; exact numerics of
-# rowsum_gemm up to the tensor cores' accumulation).
-_DEV_ABLATE = gl.constexpr(int(os.environ.get("FSATTN_DEV_ABLATE", "0")))
-_ROWSUM_TC = gl.constexpr((_DEV_ABLATE & 2048) != 0)
-# 4096: the gate as a bit test on the OR of the clamped proxies (see _stage_a_or)
-_OR_GATE = gl.constexpr((_DEV_ABLATE & 4096) != 0)
-# f's bits outside Schraudolph's magic number and the low 15 bits: non-zero iff a proxy passed the gate threshold
-OR_TEST = gl.constexpr(-1262518272)  # ~(0x4B400000 | 0x7FFF) as int32
 
 
 @gluon.jit
-def _or_combine(a, b):
-    return a | b
-
-
-@gluon.jit
-def _stage_a_or(s, s128, c, off):
-    """Stage-A with the gate folded in: the proxy constant is raised by ``off`` (2^15 - 1 - threshold), so a proxy
-    above the threshold sets a bit >= 15 of f's mantissa; the OR of all f's bits finds it (one LOP3 per 2 elements
-    instead of one FMNMX per element). The shift takes the offset out again (one LEA, as the SHL before)."""
-    f = gl.maximum(gl.fma(s, gl.zeros_like(s) + s128, gl.zeros_like(s) + (c + off)[:, None]), MAGIC + off)
-    fb = f.to(gl.int32, bitcast=True)
-    p = ((fb << 16) - (off.to(gl.int32) << 16)).to(gl.float32, bitcast=True)
-    acc = gl.reduce(gl.reduce(fb, 1, _or_combine), 0, _or_combine)
-    return p, (acc & OR_TEST) != 0
-
-
-@gluon.jit
-def _rowmax_tree(s, BM: gl.constexpr, BN: gl.constexpr):
-    """Row maximum as a tree within each thread (halving the columns), then across lanes."""
-    x = gl.max(gl.reshape(s, [BM, 2, BN // 2]), axis=1)
-    x = gl.max(gl.reshape(x, [BM, 2, BN // 4]), axis=1)
-    x = gl.max(gl.reshape(x, [BM, 2, BN // 8]), axis=1)
-    x = gl.max(gl.reshape(x, [BM, 2, BN // 16]), axis=1)
-    return gl.convert_layout(gl.max(x, axis=1), gl.SliceLayout(1, s.type.layout))
-
-
-@gluon.jit
-def _stage_a_dev(s, s128, c):
-    """_stage_a with the steps of _DEV_ABLATE dropped (timing experiments)."""
-    if (_DEV_ABLATE & 16) != 0:
-        return s, gl.sum(gl.zeros_like(s), axis=1)
-    if (_DEV_ABLATE & 64) != 0:
-        cb = gl.zeros_like(s) + ((c - MAGIC) * (1.0 / 32768.0))[:, None]
-        sb = gl.zeros_like(s) + s128 * (1.0 / 32768.0)
-        y = gl.inline_asm_elementwise("fma.rn.sat.f32 $0, $1, $2, $3;", "=r,r,r,r", [s, sb, cb],
-                                      dtype=gl.float32, is_pure=True, pack=1)
-        f = gl.fma(y, gl.zeros_like(s) + 32768.0, gl.zeros_like(s) + MAGIC)
-    else:
-        f = gl.fma(s, gl.zeros_like(s) + s128, gl.zeros_like(s) + c[:, None])
-        if (_DEV_ABLATE & 2) == 0:
-            f = gl.maximum(f, MAGIC)
-    if (_DEV_ABLATE & 8) != 0:
-        p = f
-    else:
-        p = (f.to(gl.int32, bitcast=True) << 16).to(gl.float32, bitcast=True)
-    if (_DEV_ABLATE & (4 | 2048)) != 0:
-        psum = gl.sum(gl.zeros_like(p), axis=1)
-    else:
-        psum = gl.sum(p, axis=1)
-    return p, psum
-
-
-@gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, ones, k_desc, v_desc,
+def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc,
               QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
               WRITE_LSE, CAP, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
@@ -114,8 +51,6 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
     o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, 8, 32])
-    pl_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=l_layout, k_width=4)
     srow: gl.constexpr = gl.SliceLayout(1, s_layout)
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
     ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
@@ -133,7 +68,6 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
-    la = gl.zeros([BM, 8], gl.float32, l_layout)  # _ROWSUM_TC: every column is the row sum of P8
     l = gl.zeros([BM], gl.float32, srow)
     m = gl.full([BM], float("-inf"), gl.float32, srow)
     nrows = pid_m * 0
@@ -147,82 +81,35 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         p, l = _stage_a(s, _pow2(e0 + 7), c)
-        pa0 = _stage_b(p, p_layout, BM, BN, True)
-        or_off = 32767.0 - (D_BITS + 128.0 * (SIGMA + CAP))
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
-            if (_DEV_ABLATE & 32) != 0:
-                pa = pa0
-            else:
-                pa = _stage_b(p, p_layout, BM, BN, True)  # Stage-B of tile j-1 before taking the turn
+            pa = _stage_b(p, p_layout, BM, BN, True)  # Stage-B of tile j-1 before taking the turn
             mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
             mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
             mbarrier.wait(turn.index(WG), (j - 1) & 1)
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            if _ROWSUM_TC:
-                la = warpgroup_mma(gl.convert_layout(pa, pl_layout), ones.permute((1, 0)), la, is_async=True)
             mbarrier.arrive(turn.index(1 - WG))  # the other warpgroup may issue its GEMMs now
-            if _ROWSUM_TC:
-                s = warpgroup_mma_wait(2, deps=(s,))
-            else:
-                s = warpgroup_mma_wait(1, deps=(s,))
+            s = warpgroup_mma_wait(1, deps=(s,))
             e_t = qe + gl.load(KE_row + j)
-            if (_DEV_ABLATE & 1) != 0:
-                amax = m
-                fire = m > m
-                anyfire = j < 0
-            elif _OR_GATE:
-                p, anyfire = _stage_a_or(s, _pow2(e_t + 7), c, or_off)
-                if _ROWSUM_TC:
-                    psum = gl.sum(gl.zeros_like(p), axis=1)
-                else:
-                    psum = gl.sum(p, axis=1)
-            else:
-                if (_DEV_ABLATE & 512) != 0:
-                    amax = _rowmax_tree(s, BM, BN)
-                else:
-                    amax = gl.max(s, axis=1)
-                fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
-                if (_DEV_ABLATE & 128) != 0:  # no reduction across warps, no branch
-                    l = l + gl.where(fire, 1e-30, 0.0)
-                    anyfire = j < 0
-                elif (_DEV_ABLATE & 256) != 0:  # the reduction, no branch
-                    anyfire = gl.max(fire.to(gl.int32), axis=0) > 0
-                    l = l + gl.where(anyfire, 1e-30, 0.0)
-                    anyfire = j < 0
-                else:
-                    anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
-            if _OR_GATE:
-                pass
-            elif _DEV_ABLATE != 0:
-                p, psum = _stage_a_dev(s, _pow2(e_t + 7), c)
-            else:
-                p, psum = _stage_a(s, _pow2(e_t + 7), c)
-            if _ROWSUM_TC:
-                o, la, p = warpgroup_mma_wait(0, deps=(o, la, p))
-            elif (_DEV_ABLATE & 1024) != 0:  # let ptxas place the wait
-                o = warpgroup_mma_wait(0, deps=(o,))
-            else:
-                o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
+            amax = gl.max(s, axis=1)
+            fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
+            anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
+            p, psum = _stage_a(s, _pow2(e_t + 7), c)
+            o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
                 _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, prev, j - 1 + STAGES, krow0, vrow0,
                          j - 1 + STAGES < n_tiles, BN)
             if anyfire:  # rare rollback: new reference for the fired rows, O and l rescaled, Stage-A redone
-                if _OR_GATE:
-                    amax = gl.max(s, axis=1)
-                    fire = gl.fma(amax, _pow2(e_t + 7), c) > MAGIC + D_BITS + 128.0 * (SIGMA + CAP)
                 delta = gl.where(fire, gl.ceil(amax * _pow2(e_t) - m), 0.0)
                 m = m + delta
                 c = c - 128.0 * delta
                 down = gl.exp2(-delta)
                 l = l * down
                 o = o * gl.convert_layout(down, orow)[:, None]
-                if _ROWSUM_TC:
-                    la = la * gl.convert_layout(down, gl.SliceLayout(1, l_layout))[:, None]
                 nrows += gl.sum((fire & row_ok).to(gl.int32), axis=0)
                 ntiles += 1
                 if NKW > 0:
@@ -233,12 +120,7 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
         pa = _stage_b(p, p_layout, BM, BN, True)
         mbarrier.wait(vbar.index(last), ((n_tiles - 1) // STAGES) & 1)
         o = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), o, is_async=True)
-        if _ROWSUM_TC:
-            la = warpgroup_mma(gl.convert_layout(pa, pl_layout), ones.permute((1, 0)), la, is_async=True)
-            o, la = warpgroup_mma_wait(0, deps=(o, la))
-            l = gl.convert_layout(gl.max(la, axis=1), srow)
-        else:
-            o = warpgroup_mma_wait(0, deps=(o,))
+        o = warpgroup_mma_wait(0, deps=(o,))
 
     dcol = gl.arange(0, D, layout=ocol)
     orows = row0 + gl.arange(0, BM, layout=orow)
@@ -255,16 +137,16 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
 
 
 @gluon.jit
-def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, ones, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
                FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
-    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, ones, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
 @gluon.jit
-def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, ones, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
                FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
-    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, ones, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
@@ -303,9 +185,6 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STA
         mbarrier.init(kbar.index(i), count=1)
         mbarrier.init(vbar.index(i), count=1)
         mbarrier.init(empty.index(i), count=2)
-    ones_reg: gl.constexpr = gl.BlockedLayout([1, 16], [4, 8], [4, 1], [1, 0])
-    ones = gl.allocate_shared_memory(gl.float8e4nv, [8, BN], gl.NVMMASharedLayout(128, 8, rank=2),
-                                     gl.full([8, BN], 1.0, gl.float32, ones_reg).to(gl.float8e4nv))
     fence_async_shared()
 
     for i in gl.static_range(2):
@@ -316,6 +195,6 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STA
         _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
     mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
 
-    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, ones, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
             FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])

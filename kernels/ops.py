@@ -19,7 +19,7 @@ BLOCK_M = 128
 BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 3
-# "fast" (default): two warpgroups on one 128-row query tile, mxfp6 P's Stage-B by scaled E4M3 conversion
+# "fast" (default for mxfp6/mxfp4): two warpgroups on one 128-row query tile, mxfp6 P's Stage-B by scaled E4M3 conversion
 # (block maxima shared with the gate) and P's key columns in the FP8 A-fragment order (V8T stored to match).
 # H200, paper shape, kernel-only (benchmarks/results/kernel_variants_h200_2026-11-29.md): mxfp8 795 TFLOP/s,
 # mxfp6/mxfp4 632; bit-identical output to "classic" in every GPU test.
@@ -31,9 +31,12 @@ NUM_STAGES = 3
 # "gluon": kernels/fused_attention_gluon.py, the fp8_row-P recipes (mxfp8) with the GEMMs asynchronous and the
 # softmax under them (FlashAttention-3's intra-warpgroup overlap), written in Gluon because triton.language
 # cannot place the wgmma waits; other recipes, and the CPU interpreter, take "fast". Opt-in until measured.
-# "gluonpp": kernels/fused_attention_gluon_pp.py, the same recipes and numerics as "gluon" with the two warpgroups
-# of a 128-row tile taking turns on the tensor cores (FlashAttention-3's ping-pong; a gate per warpgroup).
-VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "fast")
+# "gluonpp" (default): kernels/fused_attention_gluon_pp.py, the same recipes and numerics as "gluon" with the two
+# warpgroups of a 128-row tile taking turns on the tensor cores (FlashAttention-3's ping-pong; a gate per
+# warpgroup), 4 K/V stages. H200, paper shape, kernel-only: 853-867 TFLOP/s (gluon 844, fast 799); output
+# bit-identical to fast in every GPU test. Recipes it does not cover (mxfp6, mxfp4) and the interpreter take "fast".
+VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "gluonpp")
+PP_STAGES = 4
 VARIANTS = ("classic", "ws", "fast", "gluon", "gluonpp")
 GLUON_VARIANTS = ("gluon", "gluonpp")
 
@@ -61,7 +64,7 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
                             kv_lens: Optional[torch.Tensor], lse: Optional[torch.Tensor],
                             stats: torch.Tensor, block_m: int = BLOCK_M, num_warps: int = NUM_WARPS,
-                            num_stages: int = NUM_STAGES, variant: Optional[str] = None) -> None:
+                            num_stages: Optional[int] = None, variant: Optional[str] = None) -> None:
     """Launch the attention kernel on pre-pass outputs, writing ``out`` (B, H, S_q, D view, any strides).
 
     ``stats`` is a (2,) int32 tensor that receives (rows rolled back, query x key tile pairs rolled
@@ -69,6 +72,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     tensor to get them (counted through a flag buffer).
     """
     variant = effective_variant(variant, plan)
+    if num_stages is None:
+        num_stages = PP_STAGES if variant == "gluonpp" else NUM_STAGES
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]

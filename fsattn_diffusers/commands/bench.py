@@ -42,7 +42,7 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws", "gluon", "gluonpp"),
-                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT or fast); 'classic' is the first "
+                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluonpp for mxfp8 and fast for the rest); 'classic' is the first "
                              "kernel, 'ws' experimental, 'gluon'/'gluonpp' mxfp8 only; see benchmarks/NOTES.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
@@ -255,7 +255,7 @@ def run(args) -> int:
 
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment()
-    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "fast")
+    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "gluonpp (mxfp8), fast (others)")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
     results = []
     for shp in shapes:
