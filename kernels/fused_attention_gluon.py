@@ -45,29 +45,6 @@ def _stage_a(s, s128, c):
 
 
 @gluon.jit
-def _frozen_reference(s, e0, SIGMA):
-    """Key tile 0: the frozen reference on the 1/128 grid (Algorithm 1 line 2), Stage-A's constant, and Stage-A."""
-    m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)
-    c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
-    p, l = _stage_a(s, _pow2(e0 + 7), c)
-    return m, c, p, l
-
-
-@gluon.jit
-def _rollback(s, amax, fire, e_t, m, c, l, o, orow: gl.constexpr):
-    """Rows that fired (Algorithm 1 lines 8-13): new reference by whole doublings, O and l rescaled exactly by the
-    power of two, Stage-A of this tile redone with the new constant."""
-    delta = gl.where(fire, gl.ceil(amax * _pow2(e_t) - m), 0.0)
-    m = m + delta
-    c = c - 128.0 * delta
-    down = gl.exp2(-delta)
-    l = l * down
-    o = o * gl.convert_layout(down, orow)[:, None]
-    p, psum = _stage_a(s, _pow2(e_t + 7), c)
-    return m, c, l, o, p, psum
-
-
-@gluon.jit
 def _stage_b(p, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, PERM: gl.constexpr):
     """Stage-B: E4M3 per-row P as the PV GEMM's register A operand. With PERM, P's key columns are taken in
     the FP8 A-fragment order (as kernels.fused_attention._perm_p; V8T stored to match by the pre-pass)."""
@@ -150,7 +127,10 @@ def fsattn_fwd_gluon_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
         mbarrier.wait(kbar.index(0), 0)
         s = warpgroup_mma(q_smem, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
-        m, c, p, l = _frozen_reference(s, qe + gl.load(KE_row), SIGMA)
+        e0 = qe + gl.load(KE_row)
+        m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)
+        c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
+        p, l = _stage_a(s, _pow2(e0 + 7), c)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
@@ -169,9 +149,15 @@ def fsattn_fwd_gluon_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
             p, psum = _stage_a(s, _pow2(e_t + 7), c)
             o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             if anyfire:  # rare rollback (lines 8-13), after the PV GEMM has landed: new reference, redo Stage-A
-                m, c, l, o, p, psum = _rollback(s, amax, fire, e_t, m, c, l, o, orow)
+                delta = gl.where(fire, gl.ceil(amax * _pow2(e_t) - m), 0.0)
+                m = m + delta
+                c = c - 128.0 * delta
+                down = gl.exp2(-delta)
+                l = l * down
+                o = o * gl.convert_layout(down, orow)[:, None]
                 nrows += gl.sum((fire & row_ok).to(gl.int32), axis=0)
                 ntiles += 1
+                p, psum = _stage_a(s, _pow2(e_t + 7), c)
             l = l + psum
             _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, prev, j - 1 + STAGES, krow0, vrow0,
                      j - 1 + STAGES < n_tiles, BN)

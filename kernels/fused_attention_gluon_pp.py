@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon import _frozen_reference, _load_kv, _pow2, _rollback, _stage_a, _stage_b
+from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _stage_b
 
 # Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
 WG_ROWS = gl.constexpr(64)
@@ -77,7 +77,10 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
         mbarrier.wait(kbar.index(0), 0)
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
-        m, c, p, l = _frozen_reference(s, qe + gl.load(KE_row), SIGMA)
+        e0 = qe + gl.load(KE_row)
+        m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
+        c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
+        p, l = _stage_a(s, _pow2(e0 + 7), c)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
@@ -101,11 +104,17 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
                 _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, prev, j - 1 + STAGES, krow0, vrow0,
                          j - 1 + STAGES < n_tiles, BN)
             if anyfire:  # rare rollback: new reference for the fired rows, O and l rescaled, Stage-A redone
-                m, c, l, o, p, psum = _rollback(s, amax, fire, e_t, m, c, l, o, orow)
+                delta = gl.where(fire, gl.ceil(amax * _pow2(e_t) - m), 0.0)
+                m = m + delta
+                c = c - 128.0 * delta
+                down = gl.exp2(-delta)
+                l = l * down
+                o = o * gl.convert_layout(down, orow)[:, None]
                 nrows += gl.sum((fire & row_ok).to(gl.int32), axis=0)
                 ntiles += 1
                 if NKW > 0:
                     gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32, 1 << (j % 32))
+                p, psum = _stage_a(s, _pow2(e_t + 7), c)
             l = l + psum
         last = (n_tiles - 1) % STAGES
         pa = _stage_b(p, p_layout, BM, BN, True)
