@@ -54,6 +54,33 @@ def _stage_b(p, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, PERM
 
 
 @gluon.jit
+def _stage_b_words(p, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """Stage-B (permuted, as :func:`_stage_b`) packed as int32 words of four E4M3 bytes, shape (BM, BN // 4).
+
+    A loop-carried FP8 tensor is kept as one byte per register and repacked before the GEMM (~100 PRMT/LOP3 per
+    tile); words are carried as they are. Byte ``i`` of a word is P's element ``4 w + i`` in ``p_layout`` order."""
+    p = gl.reshape(gl.permute(gl.reshape(p, [BM, BN // 16, 2, 2, 2, 2]), [0, 1, 3, 4, 2, 5]), [BM, BN])
+    p = gl.convert_layout(p, p_layout)
+    lo, hi = gl.split(gl.reshape(p, [BM, BN // 4, 2, 2]))  # elements (0, 2) and (1, 3) of each group of four
+    e0, e2 = gl.split(lo)
+    e1, e3 = gl.split(hi)
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _words_to_fp8(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """The inverse of :func:`_stage_b_words`' packing: the (BM, BN) E4M3 A operand in ``p_layout`` (no instructions:
+    each word is reused as the register holding its four bytes)."""
+    w2 = gl.join(w, w)
+    w4 = gl.reshape(gl.join(w2, w2), [BM, BN])
+    w4 = gl.convert_layout(w4, p_layout)
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [w4], dtype=gl.float8e4nv, is_pure=True,
+                                     pack=4)
+
+
+@gluon.jit
 def _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, slot, tile, krow0, vrow0, pred,
              BN: gl.constexpr):
     mbarrier.expect(kbar.index(slot), k_desc.block_type.nbytes, pred=pred)

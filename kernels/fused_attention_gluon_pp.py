@@ -30,7 +30,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _stage_b
+from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _stage_b_words, _words_to_fp8
 
 # Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
 WG_ROWS = gl.constexpr(64)
@@ -81,10 +81,11 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         p, l = _stage_a(s, _pow2(e0 + 7), c)
+        pw = _stage_b_words(p, p_layout, BM, BN)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
-            pa = _stage_b(p, p_layout, BM, BN, True)  # Stage-B of tile j-1 before taking the turn
+            pa = _words_to_fp8(pw, p_layout, BM, BN)  # Stage-B of tile j-1 was done at the end of iteration j-1
             mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
             mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
             mbarrier.wait(turn.index(WG), (j - 1) & 1)
@@ -116,8 +117,9 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
                     gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32, 1 << (j % 32))
                 p, psum = _stage_a(s, _pow2(e_t + 7), c)
             l = l + psum
+            pw = _stage_b_words(p, p_layout, BM, BN)  # now, so that the GEMM issue window holds no conversion
         last = (n_tiles - 1) % STAGES
-        pa = _stage_b(p, p_layout, BM, BN, True)
+        pa = _words_to_fp8(pw, p_layout, BM, BN)
         mbarrier.wait(vbar.index(last), ((n_tiles - 1) // STAGES) & 1)
         o = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), o, is_async=True)
         o = warpgroup_mma_wait(0, deps=(o,))
