@@ -25,6 +25,8 @@ instruction per tile at that shape) and the gate's warpgroup reduction and rollb
 
 from __future__ import annotations
 
+import os
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
@@ -34,6 +36,42 @@ from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _st
 
 # Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
 WG_ROWS = gl.constexpr(64)
+# Device experiment switches (read at import; timing only): 1 no turn mbarriers, 2 tree-shaped in-thread reductions.
+_PP_EXP = gl.constexpr(int(os.environ.get("FSATTN_PP_EXP", "0")))
+
+
+@gluon.jit
+def _halve(x, IS_MAX: gl.constexpr):
+    """One level of a tree reduction along the last axis: its upper half combined with its lower half."""
+    BM: gl.constexpr = x.shape[0]
+    W: gl.constexpr = x.shape[1]
+    x3 = gl.reshape(x, [BM, 2, W // 2])
+    if IS_MAX:
+        return gl.max(x3, axis=1)
+    else:
+        return gl.sum(x3, axis=1)
+
+
+@gluon.jit
+def _row_reduce(x, out_layout: gl.constexpr, IS_MAX: gl.constexpr):
+    """Row sum / max of a (64, 128) wgmma accumulator as a tree: column bits 6..3 are registers of one thread
+    (halved in 4 levels), bit 0 too (one level), bits 1..2 are the quad's lanes (gl's shuffle reduction)."""
+    BM: gl.constexpr = x.shape[0]
+    x = _halve(_halve(_halve(_halve(x, IS_MAX), IS_MAX), IS_MAX), IS_MAX)  # (BM, 8): columns 0..7
+    x3 = gl.reshape(x, [BM, 4, 2])
+    if IS_MAX:
+        r = gl.max(gl.max(x3, axis=2), axis=1)
+    else:
+        r = gl.sum(gl.sum(x3, axis=2), axis=1)
+    return gl.convert_layout(r, out_layout)
+
+
+@gluon.jit
+def _stage_a_tree(s, s128, c, row_layout: gl.constexpr):
+    """:func:`_stage_a` with the row sum as a tree (:func:`_row_reduce`)."""
+    f = gl.maximum(s * s128 + c[:, None], MAGIC)
+    p = (f.to(gl.int32, bitcast=True) << 16).to(gl.float32, bitcast=True)
+    return p, _row_reduce(p, row_layout, False)
 
 
 @gluon.jit
@@ -88,16 +126,24 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
             pa = _words_to_fp8(pw, p_layout, BM, BN)  # Stage-B of tile j-1 was done at the end of iteration j-1
             mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
             mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
-            mbarrier.wait(turn.index(WG), (j - 1) & 1)
+            if (_PP_EXP & 1) == 0:
+                mbarrier.wait(turn.index(WG), (j - 1) & 1)
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            mbarrier.arrive(turn.index(1 - WG))  # the other warpgroup may issue its GEMMs now
+            if (_PP_EXP & 1) == 0:
+                mbarrier.arrive(turn.index(1 - WG))  # the other warpgroup may issue its GEMMs now
             s = warpgroup_mma_wait(1, deps=(s,))
             e_t = qe + gl.load(KE_row + j)
-            amax = gl.max(s, axis=1)
+            if (_PP_EXP & 2) != 0:
+                amax = _row_reduce(s, srow, True)
+            else:
+                amax = gl.max(s, axis=1)
             fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
             anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
-            p, psum = _stage_a(s, _pow2(e_t + 7), c)
+            if (_PP_EXP & 2) != 0:
+                p, psum = _stage_a_tree(s, _pow2(e_t + 7), c, srow)
+            else:
+                p, psum = _stage_a(s, _pow2(e_t + 7), c)
             o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
