@@ -146,7 +146,7 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
                 p, psum = _stage_a(s, _pow2(e_t + 7), c)
             o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
-            if WG == 1:  # refill the slot once both warpgroups have released it
+            if (WG == 1) and ((_PP_EXP & 4) == 0):  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
                 _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, prev, j - 1 + STAGES, krow0, vrow0,
                          j - 1 + STAGES < n_tiles, BN)
@@ -199,6 +199,18 @@ def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_
 
 
 @gluon.jit
+def _producer(k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, n_keys, krow0, vrow0):
+    """One warp: refills each K/V slot by TMA once both warpgroups have released it (``empty``)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BN: gl.constexpr = k_smem.shape[1]
+    n_tiles = (n_keys + BN - 1) // BN
+    for t in range(STAGES, n_tiles):
+        slot = t % STAGES
+        mbarrier.wait(empty.index(slot), ((t - STAGES) // STAGES) & 1)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, slot, t, krow0, vrow0, t < n_tiles, BN)
+
+
+@gluon.jit
 def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, KVL,
                                sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                                D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr,
@@ -245,4 +257,8 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STA
 
     args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
             FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
-    gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
+    if (_PP_EXP & 4) != 0:
+        pargs = (k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, n_keys, bh * SKP, bh * D)
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_producer, pargs)], [4, 1], [REGS, 24])
+    else:
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
