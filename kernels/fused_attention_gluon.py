@@ -49,8 +49,14 @@ def _stage_b(p, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, PERM
     """Stage-B: E4M3 per-row P as the PV GEMM's register A operand. With PERM, P's key columns are taken in
     the FP8 A-fragment order (as kernels.fused_attention._perm_p; V8T stored to match by the pre-pass)."""
     if PERM:  # on the fp32 values: the conversion below is then a register renaming within each thread
-        p = gl.reshape(gl.permute(gl.reshape(p, [BM, BN // 16, 2, 2, 2, 2]), [0, 1, 3, 4, 2, 5]), [BM, BN])
+        p = _perm_a_fragment(p, BM, BN)
     return gl.convert_layout(p, p_layout).to(gl.float8e4nv)
+
+
+@gluon.jit
+def _perm_a_fragment(p, BM: gl.constexpr, BN: gl.constexpr):
+    """P's key columns in the FP8 A-fragment order (kernels.fused_attention._perm_p; V8T is stored to match)."""
+    return gl.reshape(gl.permute(gl.reshape(p, [BM, BN // 16, 2, 2, 2, 2]), [0, 1, 3, 4, 2, 5]), [BM, BN])
 
 
 @gluon.jit
@@ -59,8 +65,7 @@ def _stage_b_words(p, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr
 
     A loop-carried FP8 tensor is kept as one byte per register and repacked before the GEMM (~100 PRMT/LOP3 per
     tile); words are carried as they are. Byte ``i`` of a word is P's element ``4 w + i`` in ``p_layout`` order."""
-    p = gl.reshape(gl.permute(gl.reshape(p, [BM, BN // 16, 2, 2, 2, 2]), [0, 1, 3, 4, 2, 5]), [BM, BN])
-    p = gl.convert_layout(p, p_layout)
+    p = gl.convert_layout(_perm_a_fragment(p, BM, BN), p_layout)
     lo, hi = gl.split(gl.reshape(p, [BM, BN // 4, 2, 2]))  # elements (0, 2) and (1, 3) of each group of four
     e0, e2 = gl.split(lo)
     e1, e3 = gl.split(hi)

@@ -1,31 +1,29 @@
-"""Fused-Softmax attention forward in Gluon for Hopper, ping-pong form: two warpgroups, each its own 64 query rows,
-take turns on the tensor cores (FlashAttention-3's inter-warpgroup scheduling), so that one warpgroup's softmax runs
-while the other's GEMMs do.
+"""Fused-Softmax attention forward in Gluon for Hopper with two free-running warpgroups: each owns 64 query rows of
+the program's 128-row tile and overlaps its softmax with its own PV GEMM and with the other warpgroup's work.
+
+(The module keeps its historical name: it began as FlashAttention-3's ping-pong, where "turn" mbarriers made the two
+warpgroups take turns on the tensor cores. Nsight Compute on the H200 showed that order made the two softmaxes
+alternate rather than overlap - one warp per scheduler issuing at a time, 43% issue-slot use, the waiting warpgroup
+~400 cycles per tile at its turn - and dropping the turn made the kernel 5% faster; benchmarks/NOTES.md.)
 
 Numerics, operands and the per-tile steps are those of :mod:`kernels.fused_attention_gluon` (mxfp8: P per-row FP8,
 gate on the raw score maxima, Stage-A by bit construction, keys past ``kv_lens`` as E4M3 NaN). What changes:
 
 * ``gl.warp_specialize`` runs the same consumer twice, on rows ``[0, 64)`` and ``[64, 128)`` of the program's
   128-row query tile, as two 4-warp partitions. Each has its own gate, so the gate's reduction and the rollback
-  branch involve one warpgroup (a 128-thread barrier), not the whole CTA: the two no longer run in lock-step.
-* A pair of "turn" mbarriers orders the GEMM issues: warpgroup ``w`` waits for its turn, issues ``S_j = Q K_j^T``
-  and ``O += P_{j-1} V_{j-1}``, then hands the turn to the other. Stage-B of ``P_{j-1}`` is done before taking the
-  turn, so both GEMMs go out back to back.
+  branch involve one warpgroup (a 128-thread barrier), not the whole CTA.
+* Per key tile a warpgroup issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back; Stage-B of ``P_j``
+  is done at the end of iteration ``j`` and carried as int32 words of four E4M3 bytes (:func:`_stage_b_words`), so
+  the issue window holds only the GEMMs.
 * K/V stages are released through an ``empty`` mbarrier per slot (one arrival per warpgroup after its PV GEMM on
   that slot has landed); warpgroup 1 then refills the slot by TMA.
 
 Rollback statistics: ``STATS[0]`` counts rows (as the other variants); the (128-row tile, key tile) pairs with a
 rollback are bits of ``FLAGS`` (``NKW`` int32 words per (batch x head, query tile); ``NKW = 0`` records none), which
 the host counts, since the two warpgroups of a tile roll back independently.
-
-Measured on the H200 (benchmarks/NOTES.md): 853-867 TFLOP/s at the paper shape with 4 stages, vs 844 for the
-lock-step Gluon kernel. Removing steady-state steps one at a time showed the loop issue-bound (about 0.012 ms per
-instruction per tile at that shape) and the gate's warpgroup reduction and rollback branch costing ~1.6 ms of 15.4.
 """
 
 from __future__ import annotations
-
-import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
@@ -36,46 +34,10 @@ from .fused_attention_gluon import D_BITS, MAGIC, _load_kv, _pow2, _stage_a, _st
 
 # Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
 WG_ROWS = gl.constexpr(64)
-# Device experiment switches (read at import; timing only): 1 no turn mbarriers, 2 tree-shaped in-thread reductions.
-_PP_EXP = gl.constexpr(int(os.environ.get("FSATTN_PP_EXP", "0")))
 
 
 @gluon.jit
-def _halve(x, IS_MAX: gl.constexpr):
-    """One level of a tree reduction along the last axis: its upper half combined with its lower half."""
-    BM: gl.constexpr = x.shape[0]
-    W: gl.constexpr = x.shape[1]
-    x3 = gl.reshape(x, [BM, 2, W // 2])
-    if IS_MAX:
-        return gl.max(x3, axis=1)
-    else:
-        return gl.sum(x3, axis=1)
-
-
-@gluon.jit
-def _row_reduce(x, out_layout: gl.constexpr, IS_MAX: gl.constexpr):
-    """Row sum / max of a (64, 128) wgmma accumulator as a tree: column bits 6..3 are registers of one thread
-    (halved in 4 levels), bit 0 too (one level), bits 1..2 are the quad's lanes (gl's shuffle reduction)."""
-    BM: gl.constexpr = x.shape[0]
-    x = _halve(_halve(_halve(_halve(x, IS_MAX), IS_MAX), IS_MAX), IS_MAX)  # (BM, 8): columns 0..7
-    x3 = gl.reshape(x, [BM, 4, 2])
-    if IS_MAX:
-        r = gl.max(gl.max(x3, axis=2), axis=1)
-    else:
-        r = gl.sum(gl.sum(x3, axis=2), axis=1)
-    return gl.convert_layout(r, out_layout)
-
-
-@gluon.jit
-def _stage_a_tree(s, s128, c, row_layout: gl.constexpr):
-    """:func:`_stage_a` with the row sum as a tree (:func:`_row_reduce`)."""
-    f = gl.maximum(s * s128 + c[:, None], MAGIC)
-    p = (f.to(gl.int32, bitcast=True) << 16).to(gl.float32, bitcast=True)
-    return p, _row_reduce(p, row_layout, False)
-
-
-@gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc,
+def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc,
               QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
               WRITE_LSE, CAP, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
@@ -126,27 +88,17 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
             pa = _words_to_fp8(pw, p_layout, BM, BN)  # Stage-B of tile j-1 was done at the end of iteration j-1
             mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
             mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
-            if (_PP_EXP & 1) == 0:
-                mbarrier.wait(turn.index(WG), (j - 1) & 1)
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            if (_PP_EXP & 1) == 0:
-                mbarrier.arrive(turn.index(1 - WG))  # the other warpgroup may issue its GEMMs now
             s = warpgroup_mma_wait(1, deps=(s,))
             e_t = qe + gl.load(KE_row + j)
-            if (_PP_EXP & 2) != 0:
-                amax = _row_reduce(s, srow, True)
-            else:
-                amax = gl.max(s, axis=1)
+            amax = gl.max(s, axis=1)
             fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
             anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
-            if (_PP_EXP & 2) != 0:
-                p, psum = _stage_a_tree(s, _pow2(e_t + 7), c, srow)
-            else:
-                p, psum = _stage_a(s, _pow2(e_t + 7), c)
+            p, psum = _stage_a(s, _pow2(e_t + 7), c)
             o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
-            if (WG == 1) and ((_PP_EXP & 4) == 0):  # refill the slot once both warpgroups have released it
+            if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
                 _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, prev, j - 1 + STAGES, krow0, vrow0,
                          j - 1 + STAGES < n_tiles, BN)
@@ -185,29 +137,17 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
 
 
 @gluon.jit
-def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
                FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
-    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
 @gluon.jit
-def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
                FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
-    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
-
-
-@gluon.jit
-def _producer(k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, n_keys, krow0, vrow0):
-    """One warp: refills each K/V slot by TMA once both warpgroups have released it (``empty``)."""
-    STAGES: gl.constexpr = k_smem.shape[0]
-    BN: gl.constexpr = k_smem.shape[1]
-    n_tiles = (n_keys + BN - 1) // BN
-    for t in range(STAGES, n_tiles):
-        slot = t % STAGES
-        mbarrier.wait(empty.index(slot), ((t - STAGES) // STAGES) & 1)
-        _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, slot, t, krow0, vrow0, t < n_tiles, BN)
 
 
 @gluon.jit
@@ -234,13 +174,11 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STA
     k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, D], k_desc.layout)
     v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BN], v_desc.layout)
     qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    turn = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
     kbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     vbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     for i in gl.static_range(2):
         mbarrier.init(qbar.index(i), count=1)
-        mbarrier.init(turn.index(i), count=1)
     for i in gl.static_range(STAGES):
         mbarrier.init(kbar.index(i), count=1)
         mbarrier.init(vbar.index(i), count=1)
@@ -253,12 +191,7 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, QE, KE, VS, OUT, LSE, STA
                                         q_smem.index(i))
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
-    mbarrier.arrive(turn.index(0))  # warpgroup 0 issues first
 
-    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, turn, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
+    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
             FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
-    if (_PP_EXP & 4) != 0:
-        pargs = (k_smem, v_smem, kbar, vbar, empty, k_desc, v_desc, n_keys, bh * SKP, bh * D)
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args), (_producer, pargs)], [4, 1], [REGS, 24])
-    else:
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
+    gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
