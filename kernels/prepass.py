@@ -37,7 +37,8 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        D: tl.constexpr, BS: tl.constexpr, HAD: tl.constexpr, ROUND_TWICE: tl.constexpr,
                        RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                        MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
-                       DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL):
+                       DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL,
+                       HW_CVT: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -48,7 +49,11 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     n = S
     if HAS_KVL:  # K: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent
         n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
-    x = round_bf16(tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32))
+    x = tl.load(ptrs, mask=rows[:, None] < n, other=0.0)
+    if X.dtype.element_ty == tl.bfloat16:  # already on the BF16 grid
+        x = x.to(tl.float32)
+    else:
+        x = _bf16_value(x.to(tl.float32), HW_CVT)
     if HAD:
         hm = tl.load(HM + cols[:, None] * D + cols[None, :])
         if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
@@ -56,14 +61,17 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
         else:
             y = tl.dot(x.to(tl.bfloat16), hm)  # +-1 entries: exact products, fp32 sums
         if ROUND_TWICE:
-            y = round_bf16(round_bf16(y * rsqrt_d) * mult)
+            y = _bf16_value(_bf16_value(y * rsqrt_d, HW_CVT) * mult, HW_CVT)
         else:
-            y = round_bf16((y * rsqrt_d) * mult)
+            y = _bf16_value((y * rsqrt_d) * mult, HW_CVT)
     else:
-        y = round_bf16(x * mult)
+        y = _bf16_value(x * mult, HW_CVT)
     y3 = tl.reshape(y, (BS, D // 32, 32))
     s = shared_exp(tl.max(tl.abs(y3), axis=2), RULE, EMAX, MAXV)  # (BS, D/32)
-    elem = round_elem(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV)
+    if HW_CVT and MBITS == 3 and EMIN == -6:  # MXFP8: the element grid is E4M3's, whose cast is nearest-even
+        elem = (y3 * pow2(-s)[:, :, None]).to(tl.float8e4nv).to(tl.float32)
+    else:
+        elem = round_elem(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV)
     if TILE_REF:
         ref = tl.max(tl.max(s, axis=1), axis=0)
         shift = s - ref + T0
@@ -71,7 +79,9 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
         ref = tl.max(s, axis=1)
         shift = s - ref[:, None] + T0
     # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
-    q8 = round_elem(tl.reshape(elem * pow2(shift)[:, :, None], (BS, D)), 3, -6, 448.0)
+    q8 = tl.reshape(elem * pow2(shift)[:, :, None], (BS, D))
+    if not HW_CVT:  # the CPU interpreter's fp32 -> fp8 cast is not nearest-even: round first there
+        q8 = round_elem(q8, 3, -6, 448.0)
     if NAN_PAD:
         q8 = tl.where(rows[:, None] < n, q8, float("nan"))
     q8 = q8.to(tl.float8e4nv)
@@ -80,6 +90,15 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
         tl.store(OUTE + bh * (SP // BS) + pid_s, ref - T0)
     else:
         tl.store(OUTE + bh.to(tl.int64) * SP + rows, ref - T0)
+
+
+@triton.jit
+def _bf16_value(x, HW_CVT: tl.constexpr):
+    """fp32 -> nearest-even BF16 value as fp32: the hardware cast on a GPU, bit arithmetic in the interpreter."""
+    if HW_CVT:
+        return x.to(tl.bfloat16).to(tl.float32)
+    else:
+        return round_bf16(x)
 
 
 @triton.jit
@@ -106,7 +125,8 @@ def _v_amax_kernel(V, svb, svh, svs, svd, KVL, AMAX, H, S,
 def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
                     D: tl.constexpr, BS: tl.constexpr, MX: tl.constexpr, HAS_KVL: tl.constexpr,
                     RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
-                    MAXV: tl.constexpr, EMAX: tl.constexpr, PERM_V: tl.constexpr = False):
+                    MAXV: tl.constexpr, EMAX: tl.constexpr, PERM_V: tl.constexpr = False,
+                    HW_CVT: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -117,19 +137,25 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
     rows = pid_s * BS + tl.arange(0, BS)
     cols = tl.arange(0, D)
     ptrs = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh + rows[:, None].to(tl.int64) * svs + cols[None, :] * svd
-    x = round_bf16(tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32))
+    x = tl.load(ptrs, mask=rows[:, None] < n, other=0.0)
+    if V.dtype.element_ty == tl.bfloat16:  # already on the BF16 grid
+        x = x.to(tl.float32)
+    else:
+        x = _bf16_value(x.to(tl.float32), HW_CVT)
     if MX:
         x3 = tl.reshape(x, (BS // 32, 32, D))
         s = shared_exp(tl.max(tl.abs(x3), axis=1), RULE, EMAX, MAXV)  # (BS/32, D)
         elem = round_elem(x3 * pow2(-s)[:, None, :], MBITS, EMIN, MAXV)
         ref = shared_exp(tl.load(AMAX + bh * D + cols), RULE, EMAX, MAXV)  # = max over the channel's blocks
-        v8 = round_elem(tl.reshape(elem * pow2(s - ref[None, :] + T0)[:, None, :], (BS, D)), 3, -6, 448.0)
+        v8 = tl.reshape(elem * pow2(s - ref[None, :] + T0)[:, None, :], (BS, D))
         vs = pow2(ref - T0)
     else:
         amax = tl.load(AMAX)
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
-        v8 = round_elem(tl.math.div_rn(x, scale), 3, -6, 448.0)
+        v8 = tl.math.div_rn(x, scale)
         vs = tl.zeros((D,), tl.float32) + scale
+    if not HW_CVT:  # the CPU interpreter's fp32 -> fp8 cast is not nearest-even: round first there
+        v8 = round_elem(v8, 3, -6, 448.0)
     if PERM_V:  # the fast kernel's P column order (fused_attention._perm_p): key c at a = c0 + 2c3 + 4c1 + 8c2
         # in registers (rows as (group, c3, c2, c1, c0) -> (group, c2, c1, c3, c0)) so the store stays contiguous
         v8 = tl.reshape(tl.permute(tl.reshape(v8, (BS // 16, 2, 2, 2, 2, D)), (0, 2, 3, 1, 4, 5)), (BS, D))
@@ -182,7 +208,7 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
         NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
-        num_warps=8)
+        HW_CVT=not INTERPRET, num_warps=8)
     return out, exps
 
 
@@ -213,5 +239,5 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
     mbits, emin, maxv, emax = ELEM[plan.v_fmt]
     _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=plan.v_mx,
                           HAS_KVL=has_kvl, RULE=plan.v_rule, T0=plan.v_t0, MBITS=mbits, EMIN=emin,
-                          MAXV=maxv, EMAX=emax, PERM_V=perm, num_warps=8)
+                          MAXV=maxv, EMAX=emax, PERM_V=perm, HW_CVT=not INTERPRET, num_warps=8)
     return out, vs

@@ -332,3 +332,30 @@ def test_gluon_variant_falls_back_for_mxfp6_p():
 
     assert effective_variant("gluon", plan_for(PRESETS["mxfp6"])) == "fast"
     assert effective_variant("gluon", plan_for(PRESETS["mxfp8"])) == ("fast" if CPU_INTERPRET else "gluon")
+
+
+@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("shape", [(2, 3, 300, 200, 64, "bshd", [200, 77]), (1, 2, 257, 1000, 128, "bhsd", None)])
+def test_prepass_operands_equal_the_sm90_reference(recipe, shape):
+    """Pre-pass outputs (Q8 * 2^QE per 128-row tile, K8 * 2^KE per key tile, V8T^T * VS) equal
+    sm90_numerics.operands bit for bit: on a GPU the E4M3 and BF16 roundings are the hardware casts, in the
+    interpreter bit arithmetic; both must give the reference's values."""
+    b, h, s_q, s_k, d, layout, lens = shape
+    q, k, v = make(b, h, s_q, s_k, d, layout, seed=21)
+    kv = None if lens is None else torch.tensor(lens, device=DEV)
+    plan = plan_for(PRESETS[recipe])
+    scale = 1.0 / math.sqrt(d)
+    q8, qe, k8, ke, v8t, vs = prepass(q, k, v, plan, scale, kv, variant="classic")
+    valid = None if kv is None else torch.arange(s_k, device=DEV)[None, :] < kv[:, None]
+    qc, kc, vc = sm90_numerics.operands(q, k, v, PRESETS[recipe], scale, valid)
+    qv = (q8.float() * torch.exp2(qe.float()).repeat_interleave(128, dim=2)[..., None])[:, :, :s_q]
+    kv_ = (k8.float() * torch.exp2(ke.float()).repeat_interleave(128, dim=2)[..., None])[:, :, :s_k]
+    vv = (v8t.float() * vs[..., None]).transpose(-1, -2)[:, :, :s_k]
+    if valid is not None:  # keys past kv_lens: whatever the reference carries there is never read
+        kv_, kc = (torch.where(valid[:, None, :, None], t, torch.zeros_like(t)) for t in (kv_, kc))
+        vv, vc = (torch.where(valid[:, None, :, None], t, torch.zeros_like(t)) for t in (vv, vc))
+    for name, got, want in (("Q", qv, qc), ("K", kv_, kc), ("V", vv, vc)):
+        bad = int((got != want.float()).sum())
+        print(f"{recipe} {shape[:5]} {name}: {bad} of {got.numel()} differ, max |diff| "
+              f"{float((got - want.float()).abs().max()):.3e}")
+        assert bad == 0
