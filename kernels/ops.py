@@ -32,9 +32,10 @@ NUM_STAGES = 3
 # softmax under them (FlashAttention-3's intra-warpgroup overlap), written in Gluon because triton.language
 # cannot place the wgmma waits; other recipes, and the CPU interpreter, take "fast". Opt-in until measured.
 # "gluonpp" (default): kernels/fused_attention_gluon_pp.py, the same recipes and numerics as "gluon" with the two
-# warpgroups of a 128-row tile taking turns on the tensor cores (FlashAttention-3's ping-pong; a gate per
-# warpgroup), 4 K/V stages. H200, paper shape, kernel-only: 853-867 TFLOP/s (gluon 844, fast 799); output
-# bit-identical to fast in every GPU test. Recipes it does not cover (mxfp6, mxfp4) and the interpreter take "fast".
+# warpgroups of a 128-row tile as separate warp-specialized partitions running freely (a gate per warpgroup; the
+# FlashAttention-3 "turn" ordering it started with was measured slower and dropped), 4 K/V stages. H200, paper
+# shape, kernel-only: ~870-890 TFLOP/s (gluon 844, fast 799); output bit-identical to fast in every GPU test.
+# Recipes it does not cover (mxfp6, mxfp4) and the interpreter take "fast".
 VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "gluonpp")
 PP_STAGES = 4
 VARIANTS = ("classic", "ws", "fast", "gluon", "gluonpp")
@@ -159,7 +160,7 @@ def _popcount(words: torch.Tensor) -> torch.Tensor:
     return lut[words.view(torch.uint8).long()].sum()
 
 
-# Registers per thread of the ping-pong kernel's worker partition (the default one takes 256: 63488 of 65536).
+# Registers per thread of the gluonpp kernel's worker partition (the default one takes 256: 63488 of 65536).
 PP_WORKER_REGS = 240
 
 

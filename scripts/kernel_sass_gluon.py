@@ -28,7 +28,7 @@ def desc(block):
 
 
 def compile_gluon(d=128, bm=128, bn=128, stages=3, num_warps=8, pp=False, **const):
-    """``pp``: the ping-pong kernel (64-row Q blocks per warpgroup, launched with 4 warps + a 4-warp worker)."""
+    """``pp``: the gluonpp kernel (64-row Q blocks per warpgroup, launched with 4 warps + a 4-warp worker)."""
     if pp:
         bm, num_warps = 64, 4
     sig = {"q_desc": desc([bm, d]), "k_desc": desc([bn, d]), "v_desc": desc([d, bn]), "QE": "*i32", "KE": "*i32",

@@ -69,7 +69,7 @@ def run(args) -> int:
     for name, row in table.items():
         share = "-" if row["attention_share"] is None else f"{100 * row['attention_share']:.0f}%"
         rb = "-" if row["rollback_rate"] is None else f"{row['rollback_rate']:.2e}"
-        print(f"{name:<8}{row['step_s']:>10.2f}{row['projected_s']:>14.1f}{row['speedup']:>8.2f}x{share:>12}{rb:>10}")
+        print(f"{name:<8}{row['step_s']:>10.2f}{row['projected_s']:>14.1f}{row['speedup']:>8.3f}x{share:>12}{rb:>10}")
     print("Excluded: text encoder, VAE decode, scheduler; hybrid = 6 mxfp6 + 14 mxfp4 measured step times.")
     if args.json_path:
         meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
