@@ -221,7 +221,7 @@ def markdown(env: Dict, results: List[Dict]) -> str:
              "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        sp = f"{r['speedup_vs_cudnn']:.2f}x" if r.get("speedup_vs_cudnn") else "-"
+        sp = f"{r['speedup_vs_cudnn']:.3f}x" if r.get("speedup_vs_cudnn") else "-"
         lines.append(f"| {','.join(map(str, r['shape']))} | {r['method']} | {r['ms']:.3f} | {r['tflops']:.0f} | {sp} "
                      f"| {r['rel_err']:.4f} | {r['cos']:.5f} | {r.get('prepass_ms', float('nan')):.3f} "
                      f"| {r.get('kernel_ms', float('nan')):.3f} |".replace("nan", "-"))
