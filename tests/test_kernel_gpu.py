@@ -359,3 +359,26 @@ def test_prepass_operands_equal_the_sm90_reference(recipe, shape):
         print(f"{recipe} {shape[:5]} {name}: {bad} of {got.numel()} differ, max |diff| "
               f"{float((got - want.float()).abs().max()):.3e}")
         assert bad == 0
+
+
+@pytest.mark.parametrize("shape", [(2, 77, 3, 128), (1, 300, 2, 64)])
+def test_fused_rope_equals_the_torch_rope(shape):
+    """kernels/rope.py against the processors' torch RoPE (diffusers' arithmetic): bit-identical, for a strided
+    (B, S, H, D) view as the Wan processor passes it, with Wan's (1, S, 1, D) float32 angles."""
+    from fsattn_diffusers.integration.processors import _rope_interleaved
+    from fsattn_diffusers.kernels.rope import rope_interleaved
+
+    b, s, h, d = shape
+    g = torch.Generator(device="cpu").manual_seed(31)
+    x = (torch.randn((b, s, h * d), generator=g) * 3).to(torch.bfloat16).to(DEV).unflatten(2, (h, d))
+    ang = torch.rand((1, s, 1, d // 2), generator=g) * 100.0
+    cos = torch.cos(ang).repeat_interleave(2, dim=-1).to(DEV)
+    sin = torch.sin(ang).repeat_interleave(2, dim=-1).to(DEV)
+    want = _rope_interleaved(x, cos, sin)
+    x_before = x.clone()
+    got = rope_interleaved(x, cos, sin)
+    bad = int((got.view(torch.int16) != want.contiguous().view(torch.int16)).sum())
+    print(f"rope {shape}: {bad} of {got.numel()} differ, max |diff| {float((got.float() - want.float()).abs().max()):.3e}")
+    assert got.shape == want.shape and got.is_contiguous()
+    assert torch.equal(x, x_before), "the input must not be modified"
+    assert bad == 0

@@ -17,6 +17,7 @@ Targeting only self-attention with ``set_attn_processor``::
 
 from __future__ import annotations
 
+import os
 from typing import Optional, Tuple
 
 import torch
@@ -108,6 +109,27 @@ class _FSAttnProcessorBase:
         return f"{type(self).__name__}(policy={self.policy.name!r}, backend={self.backend!r})"
 
 
+# Wan's RoPE as one Triton pass (kernels/rope.py, bit-identical to _rope_interleaved): opt-in with FSATTN_FUSED_ROPE=1
+# until it has been timed on a GPU (the torch version is ~8 elementwise passes with FP32 intermediates per tensor).
+FUSED_ROPE = os.environ.get("FSATTN_FUSED_ROPE", "0") == "1"
+
+
+def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
+    """:func:`_rope_interleaved`, by the fused kernel when enabled and the operands are what it takes."""
+    d = x.shape[-1]
+    if (FUSED_ROPE and x.is_cuda and x.dim() == 4 and d >= 2 and d & (d - 1) == 0
+            and cos.dtype == sin.dtype == torch.float32 and cos.dim() == sin.dim() == 4
+            and tuple(cos.shape[1:]) == tuple(sin.shape[1:]) == (x.shape[1], 1, d)
+            and cos.shape[0] in (1, x.shape[0]) and sin.shape[0] in (1, x.shape[0])):
+        from ..backends.triton_backend import kernels_package
+
+        kernels_package()
+        from fsattn_diffusers.kernels.rope import rope_interleaved
+
+        return rope_interleaved(x, cos, sin)
+    return _rope_interleaved(x, cos, sin)
+
+
 def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
     """Wan's RoPE on (B, S, H, D): rotates interleaved pairs (x[2i], x[2i+1]) by the given angles."""
     pairs = x.unflatten(-1, (-1, 2))
@@ -150,8 +172,8 @@ class WanFSAttnProcessor(_FSAttnProcessorBase):
         query, key = attn.norm_q(query), attn.norm_k(key)  # RMSNorm across heads, before the split
         query, key, value = (t.unflatten(2, (attn.heads, -1)) for t in (query, key, value))
         if rotary_emb is not None:
-            query = _rope_interleaved(query, *rotary_emb)
-            key = _rope_interleaved(key, *rotary_emb)
+            query = _rope(query, *rotary_emb)
+            key = _rope(key, *rotary_emb)
 
         out = self._attend(query, key, value, entry)
         out = attn.to_out[0](out)
