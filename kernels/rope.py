@@ -24,8 +24,8 @@ INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 @triton.jit
 def _rope_kernel(X, sxb, sxs, sxh, sxd, COS, SIN, scb, scs, scd, ssb, sss, ssd, OUT, H, S,
                  D: tl.constexpr, BS: tl.constexpr, RNE_BF16: tl.constexpr):
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
+    bh = tl.program_id(0)  # heads on the fast grid axis: programs in flight share their rows' cos/sin in L2
+    pid_s = tl.program_id(1)
     b = bh // H
     h = bh % H
     rows = pid_s * BS + tl.arange(0, BS)
@@ -65,7 +65,7 @@ def rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> t
     out = torch.empty((b, s, h, d), dtype=x.dtype, device=x.device)
     cs = cos.expand(b, s, 1, d).stride()
     ss = sin.expand(b, s, 1, d).stride()
-    _rope_kernel[(triton.cdiv(s, ROPE_ROWS), b * h)](
+    _rope_kernel[(b * h, triton.cdiv(s, ROPE_ROWS))](
         x, x.stride(0), x.stride(1), x.stride(2), x.stride(3), cos, sin, cs[0], cs[1], cs[3], ss[0], ss[1], ss[3],
         out, h, s, D=d, BS=ROPE_ROWS, RNE_BF16=INTERPRET and x.dtype == torch.bfloat16, enable_fp_fusion=False,
         num_warps=4)

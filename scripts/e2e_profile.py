@@ -40,7 +40,7 @@ def main():
                 torch.cuda.synchronize()
             print(f"=== one forward, policy {a.policy}, attention timer with stats: {stats}"
                   + (f" (timer: {timer.seconds():.3f} s over {len(timer.events)} calls)" if stats else ""))
-            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=18, max_name_column_width=70))
+            print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=30, max_name_column_width=70))
 
 
 if __name__ == "__main__":

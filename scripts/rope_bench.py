@@ -41,7 +41,7 @@ def main():
     for name, fn in (("torch (processors)", _rope_interleaved), ("diffusers", diffusers_rope),
                      ("fused kernel", rope_interleaved)):
         ms = triton.testing.do_bench(lambda: fn(x, cos, sin), warmup=50, rep=500, return_mode="median")
-        print(f"{name:<20} {ms:.3f} ms per operand ({2 * x.numel() * 2 / ms * 1e-9:.0f} GB/s of bf16 in+out)")
+        print(f"{name:<20} {ms:.3f} ms per operand ({2 * x.numel() * 2 / ms * 1e-6:.0f} GB/s of bf16 in+out)")
 
 
 if __name__ == "__main__":
