@@ -133,7 +133,7 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
     """kernels/fused_attention_gluon_pp.py: 128-row tiles, one 4-warp partition per 64 rows (8 warps in all)."""
     if block_m != 128:
         raise ValueError(f"gluonpp kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
-    from .fused_attention_gluon_pp import WG_ROWS, fsattn_fwd_gluon_pp_kernel
+    from .fused_attention_gluon_pp import ONES_N, WG_ROWS, fsattn_fwd_gluon_pp_kernel
 
     q8, qe, k8, ke, v8t, vs = ops
     b, h, sqp, d = q8.shape
@@ -146,12 +146,23 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
     flags = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
     fsattn_fwd_gluon_pp_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
-        _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), qe, ke, vs, out, lse if lse is not None else stats,
-        stats, flags, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N]),
+        qe, ke, vs, out, lse if lse is not None else stats, stats, flags, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         SIGMA=float(plan.p_sigma), STAGES=num_stages, REGS=PP_WORKER_REGS, num_warps=4)
     if nkw:
         stats[1] += _popcount(flags).to(torch.int32)
+
+
+_ONES = {}
+
+
+def _ones_tile(device) -> torch.Tensor:
+    """The (8, 128) E4M3 ones operand of the gluonpp kernel's tensor-core row sum, one per device."""
+    key = str(device)
+    if key not in _ONES:
+        _ONES[key] = torch.ones((8, BLOCK_N), device=device).to(torch.float8_e4m3fn)
+    return _ONES[key]
 
 
 def _popcount(words: torch.Tensor) -> torch.Tensor:

@@ -40,6 +40,8 @@ def compile_gluon(d=128, bm=128, bn=128, stages=3, num_warps=8, pp=False, **cons
         names = list(sig)
         at = names.index("STATS") + 1
         sig = dict(list(sig.items())[:at] + [("FLAGS", "*i32"), ("NKW", "i32")] + list(sig.items())[at:])
+        items = list(sig.items())  # the tensor-core row sum's ones tile follows v_desc
+        sig = dict(items[:3] + [("ones_desc", desc([8, bn]))] + items[3:])
         c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=4.0, SIGMA=4.0, STAGES=stages, REGS=PP_WORKER_REGS)
     c.update(const)
     sig.update({k: "constexpr" for k in c})
