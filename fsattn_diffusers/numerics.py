@@ -75,12 +75,16 @@ class SM90Numerics(MI355XNumerics):
         return torch.ceil(tile_max * 128.0) / 128.0
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        return self._sm90._stage_a(x, m, self.p_scale_log2, not self.recipe.rollback)
+        return self._sm90._stage_a(x, m, self.p_scale_log2, not self.recipe.rollback,
+                                   f16=self.recipe.p_format == "fp8_row")
 
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """The PV operand and the key tile's row sum of the quantized P (sm90_numerics differences 4, 5)."""
         if self.recipe.p_format == "mxfp6":
             p = fake_quantize_mx(p, E2M3, axis=-1, rule="floor", block=32)
-        return self._sm90.e4m3(p), p.sum(dim=-1)
+            return self._sm90.e4m3(p), p.sum(dim=-1)
+        p8 = self._sm90.e4m3(p)
+        return p8, p8.sum(dim=-1)
 
 
 def numerics_for(recipe: Recipe) -> MI355XNumerics:

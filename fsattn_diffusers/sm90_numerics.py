@@ -18,10 +18,18 @@ differences, each reproduced by :func:`reference_attention`:
 4. **Stage-B.** fp8_row: ``E4M3(P * 2^4)`` (a per-row scale frozen with ``m`` instead of one per key
    tile). mxfp6: the MI355X MXFP6 value, carried as ``E4M3(P_mx * 2^3)`` (exact unless a block max is
    below 2^-7 of the reference).
-5. **Row sum.** fp8_row: ``l`` sums the Stage-A values (the BF16 proxy, i.e. ``rowsum_gemm=False``);
-   a GEMM with ones over the FP8 P measured slower on the H200 (723 vs 755 TFLOP/s). mxfp6 P: ``l``
-   sums the MXFP6 values (``rowsum_gemm=True``).
+5. **Row sum.** ``l`` sums the quantized P (the paper's ``rowsum_gemm=True``): fp8_row the E4M3 values (the
+   kernel: ``P8 @ ones`` on the tensor cores, one key tile at a time, added to an fp32 sum in registers; FP8
+   wgmma accumulation across 256+ tiles lost up to 40% of ``l`` on the H200), mxfp6 P the MXFP6 values.
 6. **Statistics.** Query tiles are 128 rows (``tile_m = 128``).
+7. **FP16 proxy (fp8_row P).** Stage-A builds the 16-bit proxy on FP16's bit layout (5 exponent bits,
+   10 mantissa bits, grid 1/1024 of a doubling, ``eps' = 7/128``, :data:`D_BITS_F16`) instead of BF16's:
+   Hopper converts ``f16x2 -> e4m3x2`` in one instruction and packs two patterns with one ``PRMT``, where
+   the BF16 proxy needs a shift per element. Both are Schraudolph's piecewise-linear ``2^x`` (the same
+   bias); the FP16 one rounds the mantissa to 10 bits instead of 7 before the E4M3 rounding. P * 2^sigma
+   stays below 2^(sigma + 4) = 256 under the gate, inside FP16's range; patterns below 0 (P < 2^-15) are
+   clamped to 0, as E4M3 would round them. mxfp6 P keeps the BF16 proxy (its block scales are read from
+   BF16 exponent fields).
 
 The FP8 tensor cores' accumulation (and fp32 summation order) is not modeled: tests allow for it.
 """
@@ -45,6 +53,10 @@ P_HEADROOM_LOG2 = 4
 P_SIGMA = {"fp8_row": 8 - P_HEADROOM_LOG2, "mxfp6": 7 - P_HEADROOM_LOG2}
 #: 128 * (127 - 7/128): Schraudolph's bias on the 1/128 grid (paper eps = 0.05798).
 D_BITS = 16249
+#: 1024 * (15 - 7/128): the same bias on FP16's 1/1024 grid (difference 7).
+D_BITS_F16 = 15304
+#: Largest finite FP16 pattern (saturation of the FP16 proxy when no gate bounds P).
+F16_MAX_BITS = 0x7BFF
 
 
 def e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -97,11 +109,16 @@ def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor
     return qc, kc, vc
 
 
-def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool) -> torch.Tensor:
-    """Difference 2: BF16 pattern of P * 2^sigma, rne(128 (X - m) + D + 128 sigma) in float64."""
-    t = torch.round(x.double() * 128.0 - m.double()[..., None] * 128.0 + (D_BITS + 128 * sigma))
+def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: bool = False) -> torch.Tensor:
+    """Difference 2: the BF16 pattern of P * 2^sigma, rne(128 (X - m) + D + 128 sigma) in float64, or with
+    ``f16`` (difference 7) the FP16 pattern rne(1024 (X - m) + D16 + 1024 sigma). Returns float32 values."""
+    grid, bias = (1024.0, D_BITS_F16) if f16 else (128.0, D_BITS)
+    t = torch.round(x.double() * grid - m.double()[..., None] * grid + (bias + grid * sigma))
     t = torch.nan_to_num(t, nan=0.0, neginf=0.0)
-    t = torch.clamp(t, min=0.0, max=65535.0 if saturate else float("inf"))
+    top = (F16_MAX_BITS if f16 else 65535.0) if saturate else float("inf")
+    t = torch.clamp(t, min=0.0, max=top)
+    if f16:  # the kernel reads the low 16 bits of the fp32 word that carries the pattern
+        return (t.to(torch.int64) & 0xFFFF).to(torch.int16).view(torch.float16).to(torch.float32)
     bits = (t.to(torch.int64) << 16).to(torch.int32)
     return bits.view(torch.float32)
 

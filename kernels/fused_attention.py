@@ -30,13 +30,36 @@ D_BITS = 16249
 LN2 = 0.6931471805599453
 
 
+# 7 * MAGIC + 8 * D_BITS - D_BITS_F16: 8 c - F16_SHIFT is the FP16-grid Stage-A constant
+# MAGIC + 1024 (15 - eps') + 1024 sigma - 1024 m (sm90_numerics difference 7), exactly (integers below 2^27).
+D_BITS_F16 = 15304
+F16_SHIFT = tl.constexpr(float(7 * 12582912 + 8 * D_BITS - D_BITS_F16))
+
+
+@triton.jit
+def _stage_ab_f16(acc, s128, c, SATURATE: tl.constexpr, RNE_CVT: tl.constexpr):
+    """fp8_row P: Stage-A on FP16's bit layout (the low 16 bits of ``f`` are the FP16 pattern of P * 2^sigma),
+    Stage-B (E4M3 PV operand) and the row sum of the E4M3 values (sm90_numerics differences 5 and 7).
+    ``s128``, ``c`` are the BF16-grid scale and constant (scaled by 8 here, exactly)."""
+    f = tl.maximum(acc * (s128 * 8.0) + (c * 8.0 - F16_SHIFT)[:, None], 12582912.0)
+    if SATURATE:  # no gate: saturate at FP16's largest finite pattern instead of wrapping
+        f = tl.minimum(f, 12582912.0 + 31743.0)
+    p = ((f.to(tl.int32, bitcast=True) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32)
+    if RNE_CVT:  # the CPU interpreter's fp32->fp8 cast is not nearest-even; round first there
+        p = round_elem(p, 3, -6, 448.0)
+    p8 = p.to(tl.float8e4nv)
+    return p8, tl.sum(p8.to(tl.float32), axis=1)
+
+
 @triton.jit
 def _stage_ab(acc, s128, c, P_MX: tl.constexpr, SATURATE: tl.constexpr, BM: tl.constexpr,
               BN: tl.constexpr, RNE_CVT: tl.constexpr):
-    """Stage-A (bit-constructed BF16 proxy of P * 2^sigma) and Stage-B (FP8 PV operand).
+    """Stage-A (bit-constructed 16-bit proxy of P * 2^sigma) and Stage-B (FP8 PV operand).
 
-    Returns (p8 (BM, BN) fp8, row sum (BM,) of the Stage-A values (fp8_row) or of the MXFP6 values).
+    Returns (p8 (BM, BN) fp8, row sum (BM,) of the quantized values: E4M3 (fp8_row) or MXFP6).
     """
+    if not P_MX:
+        return _stage_ab_f16(acc, s128, c, SATURATE, RNE_CVT)
     f = acc * s128[:, None] + c[:, None]
     f = tl.maximum(f, 12582912.0)
     if SATURATE:  # no gate: saturate the pattern at 0xFFFF instead of wrapping
@@ -121,12 +144,7 @@ def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN:
         w = part.to(tl.float32) * ((kexp + 127) << 23).to(tl.float32, bitcast=True)
         psum = tl.sum(tl.sum(tl.sum(tl.sum(tl.sum(w, axis=5), axis=3), axis=2), axis=1), axis=1)  # lanes last
     else:
-        f = tl.maximum(acc * s128 + c[:, None], 12582912.0)
-        p = (f.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
-        psum = tl.sum(p, axis=1)
-        if RNE_CVT:
-            p = round_elem(p, 3, -6, 448.0)
-        p8 = p.to(tl.float8e4nv)
+        p8, psum = _stage_ab_f16(acc, s128, c, False, RNE_CVT)
     return p8, psum
 
 

@@ -1,69 +1,105 @@
-"""Fused-Softmax attention forward in Gluon for Hopper with two free-running warpgroups: each owns 64 query rows of
-the program's 128-row tile and overlaps its softmax with its own PV GEMM and with the other warpgroup's work.
+"""Fused-Softmax attention forward in Gluon for Hopper (sm_90), the mxfp8 recipe (P per-row FP8): two free-running
+warpgroups, each owning 64 query rows of the program's 128-row tile, every wgmma asynchronous and waited for
+explicitly, so that the softmax of key tile j runs while the tensor cores work on the PV GEMM of tile j-1.
 
-(The module keeps its historical name: it began as FlashAttention-3's ping-pong, where "turn" mbarriers made the two
-warpgroups take turns on the tensor cores. Nsight Compute on the H200 showed that order made the two softmaxes
-alternate rather than overlap - one warp per scheduler issuing at a time, 43% issue-slot use, the waiting warpgroup
-~400 cycles per tile at its turn - and dropping the turn made the kernel 5% faster; benchmarks/NOTES.md.)
+Per key tile j a warpgroup:
 
-Numerics, operands and the per-tile steps are those of :mod:`kernels.fused_attention_gluon` (mxfp8: P per-row FP8,
-gate on the raw score maxima, Stage-A by bit construction, keys past ``kv_lens`` as E4M3 NaN). What changes:
+    issue S_j = Q K_j^T; issue l_j = P8_{j-1} @ ones; issue O += P8_{j-1} V_{j-1}        (async)
+    wait for S_j and l_j; l += l_j (fp32, registers)
+    gate on the raw block maxima of S_j (Algorithm 1 line 8; a warpgroup-wide vote)
+    Stage-A of S_j: one FMA and a clamp give fp32 words whose low 16 bits are the FP16 proxy of P * 2^sigma
+    wait for the PV GEMM; release the K/V slot (warpgroup 1 refills it by TMA)
+    rare rollback: new reference for the fired rows, O and l rescaled, Stage-A redone
+    Stage-B: PRMT + cvt f16x2 -> e4m3x2, P8_j carried to iteration j+1 as int32 words of four E4M3 bytes
 
-* ``gl.warp_specialize`` runs the same consumer twice, on rows ``[0, 64)`` and ``[64, 128)`` of the program's
-  128-row query tile, as two 4-warp partitions. Each has its own gate, so the gate's reduction and the rollback
-  branch involve one warpgroup (a 128-thread barrier), not the whole CTA.
-* Per key tile a warpgroup issues ``S_j = Q K_j^T`` and ``O += P_{j-1} V_{j-1}`` back to back; Stage-B of ``P_j``
-  is done at the end of iteration ``j`` and carried as int32 words of four E4M3 bytes (:func:`_stage_b_words`), so
-  the issue window holds only the GEMMs.
-* K/V stages are released through an ``empty`` mbarrier per slot (one arrival per warpgroup after its PV GEMM on
-  that slot has landed); warpgroup 1 then refills the slot by TMA.
+Numerics (sm90_numerics differences 5 and 7): the FP16-layout proxy and ``l`` summed over the E4M3 P on the tensor
+cores, one key tile per wgmma (accumulating ``l`` across all key tiles in the wgmma accumulator lost up to 40% of it
+at 32768 keys on the H200: FP8 wgmma accumulation is not fp32-exact), added in fp32. Keys past ``kv_lens`` are E4M3
+NaN in K8 (pre-pass ``nan_pad``): their scores are NaN, which the gate, the frozen maximum and Stage-A's clamp drop
+(``maximum`` returns the non-NaN operand), so no tile needs a mask.
 
-Rollback statistics: ``STATS[0]`` counts rows (as the other variants); the (128-row tile, key tile) pairs with a
-rollback are bits of ``FLAGS`` (``NKW`` int32 words per (batch x head, query tile); ``NKW = 0`` records none), which
-the host counts, since the two warpgroups of a tile roll back independently.
+History (benchmarks/NOTES.md): the kernel began as FlashAttention-3's ping-pong with "turn" mbarriers; Nsight Compute
+showed the turn made the two softmaxes alternate, and dropping it made the kernel 5% faster. The FP16 proxy and the
+tensor-core row sum took the steady loop from ~526 to ~418 instructions per tile and the paper-shape kernel from
+15.0 to 14.0 ms (fifth session).
+
+Rollback statistics: ``STATS[0]`` counts rows; the (128-row tile, key tile) pairs with a rollback are bits of ``FLAGS``
+(``NKW`` int32 words per (batch x head, query tile); ``NKW = 0`` records none), which the host counts, since the two
+warpgroups of a tile roll back independently.
 """
 
 from __future__ import annotations
-
-import os
 
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon import (D_BITS, MAGIC, _load_kv, _perm_a_fragment, _pow2, _stage_a, _stage_b_words,
-                                    _words_to_fp8)
-
-# Rows of the query tile per warpgroup (wgmma's M) and warpgroups per program.
+# Rows of the query tile per warpgroup (wgmma's M).
 WG_ROWS = gl.constexpr(64)
 # Columns of the ones operand of the tensor-core row sum (wgmma's smallest N).
 ONES_N = gl.constexpr(8)
-# EXPERIMENT (fifth session): 0 = Stage-A row sum of the BF16 proxy (current numerics); 1 = row sum of the E4M3 P on
-# the tensor cores (P8 @ ones); 2 = 1 with an FP16 proxy (Schraudolph on FP16's bit layout, cvt f16x2 -> e4m3x2).
-PP_MODE = gl.constexpr(int(os.environ.get("FSATTN_PP_MODE", "0")))
-# 1024 * (15 - 7/128): Schraudolph's bias on FP16's 1/1024 mantissa grid with the kernel's eps' = 7/128 (Section 4.2).
+# 1.5 * 2^23: f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (Section 4.2).
+MAGIC = gl.constexpr(12582912.0)
+# 1024 * (15 - eps') with eps' = 7/128: Schraudolph's bias on FP16's 1/1024 grid (paper eps = 0.05798, Section 4.2;
+# sm90_numerics.D_BITS_F16).
 D_BITS_F16 = gl.constexpr(15304.0)
+# Stage-A grid: 2^10 steps per doubling (FP16's mantissa).
+GRID_LOG2 = gl.constexpr(10)
 
 
 @gluon.jit
-def _stage_a_f16(s, s1024, c):
-    """Stage-A with an FP16 proxy: fp32 whose low 16 bits are the FP16 pattern of P * 2^sigma (upper bits MAGIC's)."""
+def _pow2(e):
+    """2^e for an int32 exponent in the normal range (bit construction)."""
+    return ((e + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _stage_a(s, s1024, c):
+    """Stage-A: fp32 words whose low 16 bits are the FP16 pattern of P * 2^sigma (upper bits MAGIC's)."""
     return gl.maximum(s * s1024 + c[:, None], MAGIC)
 
 
 @gluon.jit
-def _stage_b_words_f16(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """Stage-B from :func:`_stage_a_f16`: two PRMT and two f16x2 -> e4m3x2 conversions per word of four E4M3 bytes,
-    in the order of :func:`kernels.fused_attention_gluon._stage_b_words`."""
+def _perm_a_fragment(p, BM: gl.constexpr, BN: gl.constexpr):
+    """P's key columns in the FP8 A-fragment order (kernels.fused_attention._perm_p; V8T is stored to match)."""
+    return gl.reshape(gl.permute(gl.reshape(p, [BM, BN // 16, 2, 2, 2, 2]), [0, 1, 3, 4, 2, 5]), [BM, BN])
+
+
+@gluon.jit
+def _stage_b_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """Stage-B: the E4M3 PV operand (key columns permuted as :func:`_perm_a_fragment`) as int32 words of four E4M3
+    bytes, shape (BM, BN // 4): per word two PRMT (two FP16 patterns into one f16x2 register) and two
+    ``cvt.rn.satfinite.e4m3x2.f16x2``. Byte ``i`` of a word is P's element ``4 w + i`` in ``p_layout`` order.
+    A loop-carried FP8 tensor would be kept as one byte per register and repacked before the GEMM."""
     f = gl.convert_layout(_perm_a_fragment(f, BM, BN), p_layout)
-    lo, hi = gl.split(gl.reshape(f, [BM, BN // 4, 2, 2]))
+    lo, hi = gl.split(gl.reshape(f, [BM, BN // 4, 2, 2]))  # elements (0, 2) and (1, 3) of each group of four
     e0, e2 = gl.split(lo)
     e1, e3 = gl.split(hi)
     return gl.inline_asm_elementwise(
         "{ .reg .b32 a, b; .reg .b16 lo, hi; prmt.b32 a, $1, $2, 0x5410; prmt.b32 b, $3, $4, 0x5410; "
         "cvt.rn.satfinite.e4m3x2.f16x2 lo, a; cvt.rn.satfinite.e4m3x2.f16x2 hi, b; mov.b32 $0, {lo, hi}; }",
         "=r,f,f,f,f", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _words_to_fp8(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """The inverse of :func:`_stage_b_words`' packing: the (BM, BN) E4M3 A operand in ``p_layout`` (no instructions:
+    each word is reused as the register holding its four bytes)."""
+    w2 = gl.join(w, w)
+    w4 = gl.reshape(gl.join(w2, w2), [BM, BN])
+    w4 = gl.convert_layout(w4, p_layout)
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [w4], dtype=gl.float8e4nv, is_pure=True,
+                                     pack=4)
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, slot, tile, krow0, vrow0, pred,
+             BN: gl.constexpr):
+    mbarrier.expect(kbar.index(slot), k_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [krow0 + tile * BN, 0], kbar.index(slot), k_smem.index(slot), pred=pred)
+    mbarrier.expect(vbar.index(slot), v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [vrow0, tile * BN], vbar.index(slot), v_smem.index(slot), pred=pred)
 
 
 @gluon.jit
@@ -88,11 +124,7 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
     ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
     lrow: gl.constexpr = gl.SliceLayout(1, l_layout)
     BM: gl.constexpr = WG_ROWS
-    TC_SUM: gl.constexpr = PP_MODE > 0
-    F16: gl.constexpr = PP_MODE == 2
-    # Stage-A's grid: 128 steps per doubling (BF16 proxy) or 1024 (FP16 proxy).
-    GRID_LOG2: gl.constexpr = 10 if F16 else 7
-    GRID: gl.constexpr = 1024.0 if F16 else 128.0
+    GRID: gl.constexpr = 1024.0
 
     n_tiles = (n_keys + BN - 1) // BN
     qs = q_smem.index(WG)
@@ -108,26 +140,21 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
     l = gl.zeros([BM], gl.float32, srow)
-    lacc = gl.zeros([BM, ONES_N], gl.float32, l_layout)
+    lt = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # one key tile's P8 @ ones (every column the row sum)
+    lsum = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # their fp32 sum
     m = gl.full([BM], float("-inf"), gl.float32, srow)
     nrows = pid_m * 0
     ntiles = pid_m * 0
     if n_keys > 0:
         mbarrier.wait(qbar.index(WG), 0)
         mbarrier.wait(kbar.index(0), 0)
-        if TC_SUM:
-            mbarrier.wait(onesbar.index(0), 0)
+        mbarrier.wait(onesbar.index(0), 0)
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         e0 = qe + gl.load(KE_row)
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
-        if F16:
-            c = (MAGIC + D_BITS_F16 + GRID * SIGMA) - GRID * m
-            pw = _stage_b_words_f16(_stage_a_f16(s, _pow2(e0 + GRID_LOG2), c), p_layout, BM, BN)
-        else:
-            c = (MAGIC + D_BITS + GRID * SIGMA) - GRID * m
-            p, l = _stage_a(s, _pow2(e0 + GRID_LOG2), c)
-            pw = _stage_b_words(p, p_layout, BM, BN)
+        c = (MAGIC + D_BITS_F16 + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
+        pw = _stage_b_words(_stage_a(s, _pow2(e0 + GRID_LOG2), c), p_layout, BM, BN)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
@@ -135,23 +162,16 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
             mbarrier.wait(kbar.index(slot), (j // STAGES) & 1)
             mbarrier.wait(vbar.index(prev), ((j - 1) // STAGES) & 1)
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            if TC_SUM:  # l += P8_{j-1} @ ones, issued before the PV GEMM so that waiting for S_j waits for it too
-                lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
+            lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            s = warpgroup_mma_wait(1, deps=(s,))
+            s, lt = warpgroup_mma_wait(1, deps=(s, lt))
+            lsum = lsum + lt
             e_t = qe + gl.load(KE_row + j)
             amax = gl.max(s, axis=1)
             fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
             anyfire = gl.max(fire.to(gl.int32), axis=0) > 0  # this warpgroup only
-            if F16:
-                p = _stage_a_f16(s, _pow2(e_t + GRID_LOG2), c)
-                o, p, lacc = warpgroup_mma_wait(0, deps=(o, p, lacc))
-            elif TC_SUM:
-                p, psum = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
-                o, p, lacc = warpgroup_mma_wait(0, deps=(o, p, lacc))
-            else:
-                p, psum = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
-                o, p, psum = warpgroup_mma_wait(0, deps=(o, p, psum))
+            p = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
+            o, p = warpgroup_mma_wait(0, deps=(o, p))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
@@ -162,37 +182,21 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
                 m = m + delta
                 c = c - GRID * delta
                 down = gl.exp2(-delta)
-                if TC_SUM:
-                    lacc = lacc * gl.convert_layout(down, lrow)[:, None]
-                else:
-                    l = l * down
+                lsum = lsum * gl.convert_layout(down, lrow)[:, None]
                 o = o * gl.convert_layout(down, orow)[:, None]
                 nrows += gl.sum((fire & row_ok).to(gl.int32), axis=0)
                 ntiles += 1
                 if NKW > 0:
                     gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32, 1 << (j % 32))
-                if F16:
-                    p = _stage_a_f16(s, _pow2(e_t + GRID_LOG2), c)
-                else:
-                    p, psum = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
-            # Stage-B now, so that the GEMM issue window holds no conversion
-            if F16:
-                pw = _stage_b_words_f16(p, p_layout, BM, BN)
-            else:
-                if not TC_SUM:
-                    l = l + psum
-                pw = _stage_b_words(p, p_layout, BM, BN)
+                p = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
+            pw = _stage_b_words(p, p_layout, BM, BN)  # now, so that the GEMM issue window holds no conversion
         last = (n_tiles - 1) % STAGES
         pa = _words_to_fp8(pw, p_layout, BM, BN)
         mbarrier.wait(vbar.index(last), ((n_tiles - 1) // STAGES) & 1)
-        if TC_SUM:
-            lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
+        lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)
         o = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), o, is_async=True)
-        if TC_SUM:
-            o, lacc = warpgroup_mma_wait(0, deps=(o, lacc))
-            l = gl.convert_layout(gl.max(lacc, axis=1), srow)  # every column holds the row sum
-        else:
-            o = warpgroup_mma_wait(0, deps=(o,))
+        o, lt = warpgroup_mma_wait(0, deps=(o, lt))
+        l = gl.convert_layout(gl.max(lsum + lt, axis=1), srow)  # every column holds the row sum
 
     dcol = gl.arange(0, D, layout=ocol)
     orows = row0 + gl.arange(0, BM, layout=orow)
@@ -209,17 +213,19 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty,
 
 
 @gluon.jit
-def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
-    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+def _consumer0(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
+               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+               SIGMA):
+    _consumer(0, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
+              LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
 @gluon.jit
-def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
-    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+def _consumer1(q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
+               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+               SIGMA):
+    _consumer(1, q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
+              LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
 
 
 @gluon.jit
@@ -232,6 +238,7 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, OU
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
     k_desc : of K8 (B*H*SKP, D), block (BN, D), NaN rows past the valid keys.
     v_desc : of V8T (B*H*D, SKP), block (D, BN), keys permuted into the FP8 A-fragment order.
+    ones_desc : of an (8, BN) E4M3 tensor of ones, block (8, BN): the row sum's B operand.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -264,12 +271,13 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, OU
         mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
                                         q_smem.index(i))
-    if PP_MODE > 0:  # the ones tile of the tensor-core row sum (TMA: a ones tile stored from registers summed wrong)
-        mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem)
+    # the ones tile of the tensor-core row sum, by TMA (a ones tile stored from registers summed to half on the H200:
+    # scripts/rowsum_probe.py)
+    mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
+    tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, v_desc, k_smem, v_smem, kbar, vbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
 
-    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE, STATS,
-            FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+    args = (q_smem, qbar, k_smem, v_smem, kbar, vbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE,
+            STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
     gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])

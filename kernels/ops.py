@@ -28,22 +28,20 @@ NUM_STAGES = 3
 # "ws": the warp-specialized variant in fused_attention_ws.py; it compiles to producer + consumer
 # partitions but hung on the H200 (Triton 3.6, 2026-11-29): experimental, opt-in. MXFP6 P (mxfp6/mxfp4)
 # never takes "ws": Triton 3.6 cannot warp-specialize its block max.
-# "gluon": kernels/fused_attention_gluon.py, the fp8_row-P recipes (mxfp8) with the GEMMs asynchronous and the
-# softmax under them (FlashAttention-3's intra-warpgroup overlap), written in Gluon because triton.language
-# cannot place the wgmma waits; other recipes, and the CPU interpreter, take "fast". Opt-in until measured.
-# "gluonpp" (default): kernels/fused_attention_gluon_pp.py, the same recipes and numerics as "gluon" with the two
-# warpgroups of a 128-row tile as separate warp-specialized partitions running freely (a gate per warpgroup; the
-# FlashAttention-3 "turn" ordering it started with was measured slower and dropped), 4 K/V stages. H200, paper
-# shape, kernel-only: ~870-890 TFLOP/s (gluon 844, fast 799); output bit-identical to fast in every GPU test.
-# Recipes it does not cover (mxfp6, mxfp4) and the interpreter take "fast".
+# "gluonpp" (default): kernels/fused_attention_gluon_pp.py, the fp8_row-P recipes (mxfp8) in Gluon (triton.language
+# cannot place the wgmma waits): every GEMM asynchronous with the softmax under the PV GEMM, the two warpgroups of a
+# 128-row tile as free-running warp-specialized partitions (a gate per warpgroup), 4 K/V stages, the row sum on the
+# tensor cores. H200, paper shape, kernel-only: ~945 TFLOP/s (fast 799). The same values as "fast" up to the row
+# sum's summation order. Recipes it does not cover (mxfp6, mxfp4) and the interpreter take "fast". (The one-warpgroup
+# "gluon" variant was removed in the fifth session: slower on every measured shape.)
 VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "gluonpp")
 PP_STAGES = 4
-VARIANTS = ("classic", "ws", "fast", "gluon", "gluonpp")
-GLUON_VARIANTS = ("gluon", "gluonpp")
+VARIANTS = ("classic", "ws", "fast", "gluonpp")
+GLUON_VARIANTS = ("gluonpp",)
 
 
 def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
-    """The variant that runs ``plan``: "gluon"/"gluonpp" cover gated fp8_row P (mxfp8) on a GPU, else "fast" runs."""
+    """The variant that runs ``plan``: "gluonpp" covers gated fp8_row P (mxfp8) on a GPU, else "fast" runs."""
     variant = variant or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
@@ -83,8 +81,6 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         return _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
     if variant == "gluonpp":
         return _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
-    if variant == "gluon":
-        return _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_warps, num_stages)
     from .fused_attention import fsattn_fwd_kernel
 
     if stats is None:
@@ -96,28 +92,6 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, FAST=variant == "fast",
         PERM=variant == "fast", num_warps=num_warps)
-
-
-def _launch_gluon(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_warps, num_stages):
-    """kernels/fused_attention_gluon.py on pre-pass operands (K8 NaN-padded, V8T permuted). ``block_m`` 64 with
-    ``num_warps`` 4 puts one warpgroup per program (two programs fit an SM at 3 stages: 104 KB shared memory)."""
-    if block_m not in (64, 128) or num_warps != block_m // 16:
-        raise ValueError(f"gluon kernel: block_m {block_m} with num_warps {num_warps}; accepted: 128 with 8, 64 with 4")
-    from .fused_attention_gluon import fsattn_fwd_gluon_kernel
-
-    q8, qe, k8, ke, v8t, vs = ops
-    b, h, sqp, d = q8.shape
-    skp = k8.shape[2]
-
-    desc = _fp8_desc
-    if stats is None:
-        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
-    fsattn_fwd_gluon_kernel[(sqp // block_m, b * h)](
-        desc(q8.view(b * h * sqp, d), [block_m, d]), desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
-        desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), qe, ke, vs, out, lse if lse is not None else stats, stats,
-        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
-        D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
-        CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), STAGES=num_stages, PERM=True, num_warps=num_warps)
 
 
 def _fp8_desc(t, block):

@@ -1,5 +1,5 @@
 """Fifth-session experiment: the gluonpp kernel under FSATTN_PP_MODE (0 = BF16-proxy row sum in registers, 1 = row sum
-of the E4M3 P on the tensor cores, 2 = 1 with an FP16 proxy). One process per mode (the mode is a module constexpr).
+of the E4M3 P on the tensor cores, 2 = 1 with an FP16 proxy, 3 = 2 with each tile's sum from zero, added in registers). One process per mode (the mode is a module constexpr).
 
 Usage (H200): FSATTN_PP_MODE=m PYTHONPATH=$PWD python scripts/pp_mode_probe.py OUTDIR
 Prints, per shape: kernel-only and pre-pass+kernel ms (do_bench median), SDPA cuDNN ms in the same process, and on a
@@ -59,8 +59,18 @@ def main():
 
     for name, (b, h, s_, d) in SHAPES.items():
         q, k, v = (torch.randn(b, h, s_, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
-        ops, out, st = run(q, k, v, plan)
+        lse = torch.full((b, h, s_), float("nan"), device="cuda")
+        ops, out, st = run(q, k, v, plan, lse=lse)
         torch.save(out.cpu(), os.path.join(outdir, f"out_{name}_m{MODE}.pt"))
+        idx = torch.arange(0, s_, s_ // 256, device="cuda")[:256]  # exact attention on 256 rows per head
+        sc = (q[:, :, idx].double() @ k.double().transpose(-1, -2)) * (1.0 / math.sqrt(d))
+        ex_rows = torch.softmax(sc, -1) @ v.double()
+        ex_lse = torch.logsumexp(sc, -1)
+        del sc
+        print(f"mode {MODE} {name}: err vs exact on 256 rows/head {rel(out[:, :, idx], ex_rows):.5f}, lse-exact "
+              f"mean {float((lse[:, :, idx] - ex_lse).mean()):+.4f} max {float((lse[:, :, idx] - ex_lse).abs().max()):.4f}"
+              f", rollback rows {int(st[0])}", flush=True)
+        del ex_rows, ex_lse
         kern = triton.testing.do_bench(lambda: attention_from_operands(ops, out, plan, s_, s_, None, None, None,
                                                                        variant="gluonpp"), warmup=50, rep=300)
         full = triton.testing.do_bench(lambda: run(q, k, v, plan), warmup=50, rep=300)

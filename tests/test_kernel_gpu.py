@@ -293,14 +293,14 @@ def test_permuted_v_is_a_key_permutation(recipe):
 GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 2000, 64, "bhsd", None, False)]
 
 
-@pytest.mark.parametrize("variant", ["gluon", "gluonpp"])
+@pytest.mark.parametrize("variant", ["gluonpp"])
 @pytest.mark.parametrize("case", [c if len(c) == 8 else (*c, False) for c in GLUON_CASES],
                          ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-kv{c[6]}-spiky{c[7]}")
 def test_gluon_variant_matches_fast_and_reference(case, variant):
-    """FSATTN_KERNEL_VARIANT=gluon / gluonpp (mxfp8; asynchronous GEMMs, softmax under the PV GEMM, TMA loads,
-    NaN-padded keys as the mask; gluonpp: two warpgroups taking turns): the same values as the fast variant up to
-    the row sum's summation order, the tolerance rule against the reference, no unwritten element, -inf LSE exactly
-    where no key is valid, the same rollbacks."""
+    """FSATTN_KERNEL_VARIANT=gluonpp (mxfp8; asynchronous GEMMs, softmax under the PV GEMM, TMA loads, NaN-padded
+    keys as the mask, two free-running warpgroups, row sum on the tensor cores): the same values as the fast variant
+    up to the row sum's summation order, the tolerance rule against the reference, no unwritten element, -inf LSE
+    exactly where no key is valid, the same rollbacks."""
     if CPU_INTERPRET:
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     b, h, s_q, s_k, d, layout, lens, spiky = case
@@ -330,8 +330,8 @@ def test_gluon_variant_falls_back_for_mxfp6_p():
     """Recipes with MXFP6 P (mxfp6, mxfp4) run the fast kernel when the gluon variant is asked for."""
     from fsattn_diffusers.kernels.ops import effective_variant
 
-    assert effective_variant("gluon", plan_for(PRESETS["mxfp6"])) == "fast"
-    assert effective_variant("gluon", plan_for(PRESETS["mxfp8"])) == ("fast" if CPU_INTERPRET else "gluon")
+    assert effective_variant("gluonpp", plan_for(PRESETS["mxfp6"])) == "fast"
+    assert effective_variant("gluonpp", plan_for(PRESETS["mxfp8"])) == ("fast" if CPU_INTERPRET else "gluonpp")
 
 
 @pytest.mark.parametrize("recipe", RECIPES)

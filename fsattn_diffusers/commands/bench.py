@@ -41,9 +41,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws", "gluon", "gluonpp"),
+    parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws", "gluonpp"),
                         help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluonpp for mxfp8 and fast for the rest); 'classic' is the first "
-                             "kernel, 'ws' experimental, 'gluon'/'gluonpp' mxfp8 only; see benchmarks/NOTES.md")
+                             "kernel, 'ws' experimental, 'gluonpp' mxfp8 only; see benchmarks/NOTES.md")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
 
