@@ -1,10 +1,13 @@
-"""Fifth-session experiment: the gluonpp kernel under FSATTN_PP_MODE (0 = BF16-proxy row sum in registers, 1 = row sum
-of the E4M3 P on the tensor cores, 2 = 1 with an FP16 proxy, 3 = 2 with each tile's sum from zero, added in registers). One process per mode (the mode is a module constexpr).
+"""Time and check the default mxfp8 kernel (gluonpp) at the paper and Wan2.2 shapes, with errors against float64.
 
-Usage (H200): FSATTN_PP_MODE=m PYTHONPATH=$PWD python scripts/pp_mode_probe.py OUTDIR
+Fifth session: the kernel had an experiment switch FSATTN_PP_MODE (0 = BF16-proxy row sum in registers, 1 = row sum of
+the E4M3 P on the tensor cores accumulated over all tiles, 2 = 1 + FP16 proxy, 3 = 2 with each tile's sum from zero;
+commit 6181fa8); mode 3 became the kernel and the switch is gone, so MODE below only labels the output.
+
+Usage (H200): PYTHONPATH=$PWD python scripts/pp_mode_probe.py OUTDIR
 Prints, per shape: kernel-only and pre-pass+kernel ms (do_bench median), SDPA cuDNN ms in the same process, and on a
 small case the error against float64 attention, the sm90 reference's, and the LSE difference to the reference.
-Saves the large shapes' outputs to OUTDIR/out_{shape}_m{mode}.pt (bf16) for comparison across modes.
+Saves the large shapes' outputs to OUTDIR/out_{shape}_m{mode}.pt (bf16) for comparison across runs.
 """
 import math
 import os
