@@ -2,7 +2,7 @@
 
 Fifth session: the kernel had an experiment switch FSATTN_PP_MODE (0 = BF16-proxy row sum in registers, 1 = row sum of
 the E4M3 P on the tensor cores accumulated over all tiles, 2 = 1 + FP16 proxy, 3 = 2 with each tile's sum from zero;
-commit 6181fa8); mode 3 became the kernel and the switch is gone, so MODE below only labels the output.
+modes 0-2 in commit 6181fa8); mode 3 became the kernel and the switch is gone, so MODE below only labels the output.
 
 Usage (H200): PYTHONPATH=$PWD python scripts/pp_mode_probe.py OUTDIR
 Prints, per shape: kernel-only and pre-pass+kernel ms (do_bench median), SDPA cuDNN ms in the same process, and on a
