@@ -29,6 +29,9 @@ from .plan import ELEM, KernelPlan
 KEY_TILE = 128
 # Rows per pre-pass program.
 ROWS = 128
+# Warps per pre-pass program (Q/K kernel, V kernels).
+QK_WARPS = 8
+V_WARPS = 8
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -208,7 +211,7 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
         NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
-        HW_CVT=not INTERPRET, num_warps=8)
+        HW_CVT=not INTERPRET, num_warps=QK_WARPS)
     return out, exps
 
 
@@ -233,11 +236,11 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
     kvl = kv_lens if has_kvl else amax
     grid = (sp // KEY_TILE, b * h)
     _v_amax_kernel[grid](v, *v.stride(), kvl, amax, h, s, D=d, BS=KEY_TILE, PER_CHANNEL=plan.v_mx,
-                         HAS_KVL=has_kvl, num_warps=8)
+                         HAS_KVL=has_kvl, num_warps=V_WARPS)
     out = torch.empty((b, h, d, sp), dtype=torch.float8_e4m3fn, device=v.device)
     vs = torch.empty((b, h, d), dtype=torch.float32, device=v.device)
     mbits, emin, maxv, emax = ELEM[plan.v_fmt]
     _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=plan.v_mx,
                           HAS_KVL=has_kvl, RULE=plan.v_rule, T0=plan.v_t0, MBITS=mbits, EMIN=emin,
-                          MAXV=maxv, EMAX=emax, PERM_V=perm, HW_CVT=not INTERPRET, num_warps=8)
+                          MAXV=maxv, EMAX=emax, PERM_V=perm, HW_CVT=not INTERPRET, num_warps=V_WARPS)
     return out, vs
