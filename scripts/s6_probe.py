@@ -32,10 +32,14 @@ PATCHES = {
     "base": [],
     "wgvote": [(VOTE, "anyfire = gl.max(fire.to(gl.int32), axis=0) > 0")],  # the fifth session's warpgroup vote
 }
+if os.path.exists(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_s6_prev_kernel.py")):
+    PATCHES["prev"] = []
 
 
 def load_variant(name):
     src = open(os.path.join(os.path.dirname(kops.__file__), "fused_attention_gluon_pp.py")).read()
+    if name == "prev":  # an uncommitted copy of an earlier kernel, when present (scripts/_s6_prev_kernel.py)
+        src = open(os.path.join(os.path.dirname(os.path.abspath(__file__)), "_s6_prev_kernel.py")).read()
     for a, b in PATCHES[name]:
         assert src.count(a) == 1, (name, a)
         src = src.replace(a, b)
