@@ -32,18 +32,39 @@ ROWS = 128
 # Warps per pre-pass program (Q/K kernel, V kernels).
 QK_WARPS = 8
 V_WARPS = 8
+# Persistent Q/K pre-pass: programs per SM (0: one program per 128-row tile) and software-pipeline stages of its loop.
+QK_PROGRAMS_PER_SM = 2
+QK_STAGES = 2
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
 @triton.jit
-def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, mult,
+def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, mult, N_TILES,
                        D: tl.constexpr, BS: tl.constexpr, HAD: tl.constexpr, ROUND_TWICE: tl.constexpr,
                        RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                        MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
                        DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL,
-                       HW_CVT: tl.constexpr = False):
-    pid_s = tl.program_id(0)
-    bh = tl.program_id(1)
+                       HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1):
+    """Persistent: program ``p`` of ``P`` quantizes the (row tile, batch x head) pairs ``t = p, p + P, ...`` of the
+    ``N_TILES`` (row tiles fastest), loading the Hadamard matrix once."""
+    cols = tl.arange(0, D)
+    if HAD:
+        hm = tl.load(HM + cols[:, None] * D + cols[None, :])
+    n_s = SP // BS
+    for t in tl.range(tl.program_id(0), N_TILES, tl.num_programs(0), num_stages=STAGES):
+        _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm if HAD else cols, H, S, SP, rsqrt_d, mult, t % n_s, t // n_s,
+                 D, BS, HAD, ROUND_TWICE, RULE, T0, MBITS, EMIN, MAXV, EMAX, TILE_REF, DOT_F32, NAN_PAD, HAS_KVL, KVL,
+                 HW_CVT)
+
+
+@triton.jit
+def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_s, bh,
+             D: tl.constexpr, BS: tl.constexpr, HAD: tl.constexpr, ROUND_TWICE: tl.constexpr,
+             RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
+             MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
+             DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr):
+    """One BS-row tile of one (batch, head): BF16 rounding, rotation by ``hm`` (the +-1 Hadamard matrix, (D, D)),
+    scaling, MX quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE."""
     b = bh // H
     h = bh % H
     rows = pid_s * BS + tl.arange(0, BS)
@@ -58,7 +79,6 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     else:
         x = _bf16_value(x.to(tl.float32), HW_CVT)
     if HAD:
-        hm = tl.load(HM + cols[:, None] * D + cols[None, :])
         if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
             y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
         else:
@@ -206,13 +226,29 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     exps = torch.empty((b, h, sp // ROWS if tile_ref else sp), dtype=torch.int32, device=x.device)
     hm = _hadamard_pm1(d, "bfloat16", str(x.device))
     mbits, emin, maxv, emax = ELEM[plan.qk_fmt]
-    _qk_prepass_kernel[(sp // ROWS, b * h)](
-        x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier),
+    n_tiles = (sp // ROWS) * b * h
+    _qk_prepass_kernel[(_persistent_programs(n_tiles, x.device),)](
+        x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier), n_tiles,
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
         NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
-        HW_CVT=not INTERPRET, num_warps=QK_WARPS)
+        HW_CVT=not INTERPRET, STAGES=QK_STAGES, num_warps=QK_WARPS)
     return out, exps
+
+
+def _persistent_programs(n_tiles: int, device) -> int:
+    """Programs of the persistent Q/K pre-pass: ``QK_PROGRAMS_PER_SM`` per SM (0: one per tile); in the interpreter
+    three, so that the tests walk the strided loop."""
+    if INTERPRET:
+        return max(1, min(n_tiles, 3))
+    if QK_PROGRAMS_PER_SM <= 0:
+        return max(1, n_tiles)
+    return max(1, min(n_tiles, QK_PROGRAMS_PER_SM * _sm_count(device)))
+
+
+@functools.lru_cache(maxsize=None)
+def _sm_count(device) -> int:
+    return torch.cuda.get_device_properties(device).multi_processor_count
 
 
 def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = False):

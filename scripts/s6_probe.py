@@ -1,6 +1,7 @@
 """Sixth-session probe (H200): where the last ~3% at the paper shape could come from.
 
-A. The pre-pass, kernel by kernel, against a plain ``bf16 -> fp8`` cast (same bytes as Q's pre-pass), with 4/8/16 warps.
+A. The pre-pass, kernel by kernel, against a plain ``bf16 -> fp8`` cast (same bytes as Q's pre-pass), with 4/8/16 warps;
+   A2: the persistent Q/K pre-pass at several (programs per SM, pipeline stages), checked bit for bit.
 B. The gluonpp kernel (per-warp gate vote) against a text-patched copy with the fifth session's warpgroup-wide vote
    (``wgvote``), loaded side by side and timed interleaved in one process; their outputs must be bit-identical. (The
    first call of this session also timed copies without any vote: 12.4-12.9 ms against 13.9 for the warpgroup vote;
@@ -104,6 +105,24 @@ def part_a(q, k, v, plan, b, h, s, d):
               f"{gb / ta:.2f} TB/s; quant {tv - ta:.4f} = {1.5 * gb / (tv - ta):.2f} TB/s), sum {tq + tk + tv:.4f}",
               flush=True)
     kpre.QK_WARPS = kpre.V_WARPS = 8
+    print("A2. persistent Q/K pre-pass: (programs per SM, pipeline stages); outputs compared with one program per tile",
+          flush=True)
+    kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = 0, 1
+    ref_q, ref_k = (kpre.prepare_qk(q, plan, mult, tile_ref=True),
+                    kpre.prepare_qk(k, plan, 1.0, tile_ref=True, nan_pad=True))
+    for per_sm, stages in ((0, 1), (1, 2), (2, 1), (2, 2), (3, 1), (1, 3), (4, 1), (0, 1)):
+        kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = per_sm, stages
+        oq, ok_ = (kpre.prepare_qk(q, plan, mult, tile_ref=True),
+                   kpre.prepare_qk(k, plan, 1.0, tile_ref=True, nan_pad=True))
+        same = all(torch.equal(a_.view(torch.uint8) if a_.dtype == torch.float8_e4m3fn else a_,
+                               b_.view(torch.uint8) if b_.dtype == torch.float8_e4m3fn else b_)
+                   for a_, b_ in zip(oq + ok_, ref_q + ref_k))
+        tq = bench(lambda: kpre.prepare_qk(q, plan, mult, tile_ref=True))
+        tk = bench(lambda: kpre.prepare_qk(k, plan, 1.0, tile_ref=True, nan_pad=True))
+        tall = bench(lambda: kops.prepass(q, k, v, plan, 1.0 / math.sqrt(d), None, variant="gluonpp"))
+        print(f"  per SM {per_sm} stages {stages}: Q {tq:.4f} ms ({1.5 * gb / tq:.2f} TB/s), K {tk:.4f} ms, whole "
+              f"pre-pass {tall:.4f} ms, identical {same}", flush=True)
+    kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = 2, 2
 
 
 def part_b(q, k, v, plan, b, h, s, d):
