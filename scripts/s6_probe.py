@@ -70,13 +70,15 @@ def bench(fn):
 
 
 def main():
-    parts = sys.argv[1] if len(sys.argv) > 1 else "ABC"
+    parts = sys.argv[1] if len(sys.argv) > 1 else "APBC"
     plan = plan_for(PRESETS["mxfp8"])
     g = torch.Generator(device="cuda").manual_seed(0)
     b, h, s, d = 1, 24, 32768, 128
     q, k, v = (torch.randn(b, h, s, d, generator=g, device="cuda").to(torch.bfloat16) for _ in range(3))
     if "A" in parts:
         part_a(q, k, v, plan, b, h, s, d)
+    if "P" in parts:
+        part_a2(q, k, v, plan, b, h, s, d)
     if "B" in parts:
         part_b(q, k, v, plan, b, h, s, d)
     if "C" in parts:
@@ -105,6 +107,11 @@ def part_a(q, k, v, plan, b, h, s, d):
               f"{gb / ta:.2f} TB/s; quant {tv - ta:.4f} = {1.5 * gb / (tv - ta):.2f} TB/s), sum {tq + tk + tv:.4f}",
               flush=True)
     kpre.QK_WARPS = kpre.V_WARPS = 8
+
+
+def part_a2(q, k, v, plan, b, h, s, d):
+    mult = 1.0 / math.sqrt(d) / math.log(2.0)
+    gb = q.numel() * 2 / 1e9
     print("A2. persistent Q/K pre-pass: (programs per SM, pipeline stages); outputs compared with one program per tile",
           flush=True)
     kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = 0, 1
