@@ -94,43 +94,46 @@ def _words_to_fp8(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr)
                                      pack=4)
 
 
+def _vote_asm(reg: str):
+    """PTX of the per-warp gate vote through predicate register ``reg``: (declare it, vote into it, read it)."""
+    return (gl.constexpr(f".reg .pred {reg}; mov.b32 $0, $1;"),
+            gl.constexpr("{ .reg .pred a, b; setp.ne.b32 a, $2, 0; setp.ne.b32 b, $3, 0; or.pred a, a, b; "
+                         f"vote.sync.any.pred {reg}, a, -1; }} mov.b32 $0, 0; mov.b32 $1, 0;"),
+            gl.constexpr(f"selp.b32 $0, $1, 0, {reg};"))
+
+
+# One predicate register per warpgroup partition: both partitions are lowered into one PTX function.
+VOTE_DECLARE_0, VOTE_0, VOTE_READ_0 = _vote_asm("%fsa_vote0")
+VOTE_DECLARE_1, VOTE_1, VOTE_READ_1 = _vote_asm("%fsa_vote1")
+
+
 @gluon.jit
 def _warp_vote_declare(WG: gl.constexpr):
-    """Declare the PTX predicate register that carries :func:`_warp_any`'s vote (one per warpgroup partition, since
-    both partitions are lowered into one PTX function). Emitted once, before the key loop."""
+    """Declare the PTX predicate register that carries :func:`_warp_any`'s vote. Emitted once, before the key loop."""
     if WG == 0:
-        gl.inline_asm_elementwise(".reg .pred %fsa_vote0; mov.b32 $0, $1;", "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False,
-                                  pack=1)
+        gl.inline_asm_elementwise(VOTE_DECLARE_0, "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
     else:
-        gl.inline_asm_elementwise(".reg .pred %fsa_vote1; mov.b32 $0, $1;", "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False,
-                                  pack=1)
+        gl.inline_asm_elementwise(VOTE_DECLARE_1, "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
 
 
 @gluon.jit
 def _warp_any(fire, WG: gl.constexpr):
     """Whether any row of this warp fired, as a scalar that is uniform per warp (not per warpgroup).
 
-    The per-row flags are OR-ed in each thread and voted across the warp (``vote.sync.any``) into the predicate
-    register declared by :func:`_warp_vote_declare`; a second, argument-free asm block reads it back, which Gluon types
-    as a scalar. Both blocks have side effects, so they stay in order. A warpgroup-wide ``gl.max`` here cost two
-    BAR.SYNC per key tile and ~8% of the kernel (sixth session); the rollback body is thread-local, so warps of one
-    warpgroup may take it independently.
+    Each thread ORs its two rows' flags and ``vote.sync.any`` writes the warp's answer into the predicate register
+    declared by :func:`_warp_vote_declare`; a second asm block, whose only argument is a scalar, reads it back, so
+    Gluon types the result as a scalar. Both blocks have side effects, so they stay in order. A warpgroup-wide
+    ``gl.max`` here cost two BAR.SYNC per key tile and ~8% of the kernel (sixth session); the rollback body is
+    thread-local, so warps of one warpgroup may take it independently.
     """
     f = fire.to(gl.int32)
+    one = f.shape[0] // f.shape[0]
     if WG == 0:
-        gl.inline_asm_elementwise(
-            "{ .reg .pred a, b; setp.ne.b32 a, $2, 0; setp.ne.b32 b, $3, 0; or.pred a, a, b; "
-            "vote.sync.any.pred %fsa_vote0, a, -1; } mov.b32 $0, 0; mov.b32 $1, 0;", "=r,=r,r,r", [f], dtype=gl.int32, is_pure=False,
-            pack=2)
-        v = gl.inline_asm_elementwise("selp.b32 $0, $1, 0, %fsa_vote0;", "=r,r", [f.shape[0] // f.shape[0]], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+        gl.inline_asm_elementwise(VOTE_0, "=r,=r,r,r", [f], dtype=gl.int32, is_pure=False, pack=2)  # 2 rows/thread
+        v = gl.inline_asm_elementwise(VOTE_READ_0, "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
     else:
-        gl.inline_asm_elementwise(
-            "{ .reg .pred a, b; setp.ne.b32 a, $2, 0; setp.ne.b32 b, $3, 0; or.pred a, a, b; "
-            "vote.sync.any.pred %fsa_vote1, a, -1; } mov.b32 $0, 0; mov.b32 $1, 0;", "=r,=r,r,r", [f], dtype=gl.int32, is_pure=False,
-            pack=2)
-        v = gl.inline_asm_elementwise("selp.b32 $0, $1, 0, %fsa_vote1;", "=r,r", [f.shape[0] // f.shape[0]], dtype=gl.int32, is_pure=False,
-                                      pack=1)
+        gl.inline_asm_elementwise(VOTE_1, "=r,=r,r,r", [f], dtype=gl.int32, is_pure=False, pack=2)
+        v = gl.inline_asm_elementwise(VOTE_READ_1, "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
     return v != 0
 
 
