@@ -33,6 +33,8 @@ ROWS = 128
 QK_WARPS = 8
 V_WARPS = 8
 # Persistent Q/K pre-pass: programs per SM (0: one program per 128-row tile) and software-pipeline stages of its loop.
+# H200, paper shape, whole mxfp8 pre-pass: (0, 1) 0.48 ms, (2, 1) 0.45, (2, 2) 0.42, (1, 3) 0.47 (sixth session,
+# benchmarks/results/session6_h200_2026-11-29/s6_probe_call7.txt). (2, 2) uses 112 KB of shared memory per program.
 QK_PROGRAMS_PER_SM = 2
 QK_STAGES = 2
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
