@@ -79,6 +79,8 @@ def main():
         part_a(q, k, v, plan, b, h, s, d)
     if "P" in parts:
         part_a2(q, k, v, plan, b, h, s, d)
+    if "F" in parts:
+        part_f(q, k, v, b, h, s, d)
     if "B" in parts:
         part_b(q, k, v, plan, b, h, s, d)
     if "C" in parts:
@@ -129,6 +131,22 @@ def part_a2(q, k, v, plan, b, h, s, d):
         tall = bench(lambda: kops.prepass(q, k, v, plan, 1.0 / math.sqrt(d), None, variant="gluonpp"))
         print(f"  per SM {per_sm} stages {stages}: Q {tq:.4f} ms ({1.5 * gb / tq:.2f} TB/s), K {tk:.4f} ms, whole "
               f"pre-pass {tall:.4f} ms, identical {same}", flush=True)
+    kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = 2, 2
+
+
+def part_f(q, k, v, b, h, s, d):
+    """mxfp6 / mxfp4: Q/K pre-pass per configuration, V pre-pass, whole pre-pass (the final bench had mxfp6's pre-pass
+    faster with the persistent Q/K kernel and mxfp4's slower, although their Q/K kernels differ only in constants)."""
+    print("F. mxfp6 / mxfp4 pre-pass by part and configuration", flush=True)
+    for name in ("mxfp6", "mxfp4", "mxfp8"):
+        pl = plan_for(PRESETS[name])
+        for per_sm, stages in ((0, 1), (2, 1), (2, 2)):
+            kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = per_sm, stages
+            tq = bench(lambda: kpre.prepare_qk(q, pl, 1.0, tile_ref=True))
+            tv = bench(lambda: kpre.prepare_v(v, pl, None, perm=True))
+            tall = bench(lambda: kops.prepass(q, k, v, pl, 1.0 / math.sqrt(d), None))
+            print(f"  {name} per SM {per_sm} stages {stages}: Q/K one tensor {tq:.4f} ms, V {tv:.4f} ms, whole "
+                  f"{tall:.4f} ms", flush=True)
     kpre.QK_PROGRAMS_PER_SM, kpre.QK_STAGES = 2, 2
 
 
