@@ -23,7 +23,7 @@ import triton
 import triton.language as tl
 
 from .common import pow2, round_bf16, round_elem, shared_exp
-from .plan import ELEM, KernelPlan
+from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
 KEY_TILE = 128
@@ -37,6 +37,9 @@ V_WARPS = 8
 # benchmarks/results/session6_h200_2026-11-29/s6_probe_call7.txt). (2, 2) uses 112 KB of shared memory per program.
 QK_PROGRAMS_PER_SM = 2
 QK_STAGES = 2
+# MXFP4 Q/K (E2M1 elements) takes one stage: 0.193 ms per tensor at (2, 1) against 0.264 at (2, 2) (s6_probe_call9.txt;
+# same kernel as MXFP6 but for its constants, which went 0.205 -> 0.180 with the second stage).
+QK_STAGES_E2M1 = 1
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -234,7 +237,7 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
         NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
-        HW_CVT=not INTERPRET, STAGES=QK_STAGES, num_warps=QK_WARPS)
+        HW_CVT=not INTERPRET, STAGES=QK_STAGES_E2M1 if plan.qk_fmt == FMT_E2M1 else QK_STAGES, num_warps=QK_WARPS)
     return out, exps
 
 
