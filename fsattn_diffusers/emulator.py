@@ -14,6 +14,7 @@ import torch
 
 from .numerics import MI355XNumerics, numerics_for
 from .recipe import Recipe
+from .smoothing import smooth_inputs
 
 LN2 = math.log(2.0)
 # Upper bound on (groups x rows x keys) elements of one score slab: ~256 MB of float32.
@@ -34,8 +35,9 @@ def _new_stats() -> Dict[str, int]:
 
 
 def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Optional[torch.Tensor],
-                  post_mult: float, num: MI355XNumerics, stats: Dict[str, int]):
-    """Algorithm 1 for rows ``q`` (G, R, D) against keys ``k``/``v`` (G, S_k, D), operands prepared.
+                  post_mult: float, num: MI355XNumerics, stats: Dict[str, int], bias: Optional[torch.Tensor] = None):
+    """Algorithm 1 for rows ``q`` (G, R, D) against keys ``k``/``v`` (G, S_k, D), operands prepared; ``bias``
+    (G, S_k), optional, is added to the scores (doublings) before the maximum and the exponential.
 
     Returns ``(O (G, R, D), l (G, R), m (G, R))``, unnormalized, m in base-2 units.
     """
@@ -53,6 +55,8 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
         x = torch.matmul(q, k[:, k0:k1].transpose(1, 2))
         if post_mult != 1.0:
             x = x * post_mult
+        if bias is not None:
+            x = x + bias[:, None, k0:k1]
         vmask = None if valid is None else valid[:, None, k0:k1]
         if vmask is not None:
             x = torch.where(vmask, x, neg_inf)
@@ -112,7 +116,10 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     s_k = k.shape[2]
     valid_b = None if kv_lens is None else torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]
     with torch.no_grad():
-        qo, ko, vo, post = num.operands(q, k, v, scale, valid_b)
+        q_in, k_in, bias, lse_offset = smooth_inputs(q, k, recipe, scale, valid_b)
+        qo, ko, vo, post = num.operands(q_in, k_in, v, scale, valid_b)
+        if bias is not None:
+            bias = bias.reshape(b * h, s_k)
         qo, ko, vo = (t.reshape(b * h, t.shape[2], d) for t in (qo, ko, vo))
         valid = None if valid_b is None else valid_b[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
         stats = _new_stats()
@@ -120,13 +127,15 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
         rows = max(num.tile_m, (_SLAB_ELEMENTS // max(1, b * h * num.tile_n)) // num.tile_m * num.tile_m)
         outs, lses = [], []
         for r0 in range(0, s_q, rows):
-            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats)
+            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats, bias)
             outs.append(torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]))
             if return_lse:
                 lse = torch.log(l) + (m - num.p_scale_log2) * LN2
                 lses.append(torch.where(l == 0, torch.full_like(lse, float("-inf")), lse))
         out = torch.cat(outs, dim=1).reshape(b, h, s_q, d).to(q.dtype)
         lse = torch.cat(lses, dim=1).reshape(b, h, s_q) if return_lse else None
+        if lse is not None and lse_offset is not None:  # the log-sum-exp of the unsmoothed scores
+            lse = lse + lse_offset
     if return_stats:
         stats["rollback_rate"] = stats["rollback_tiles"] / max(1, stats["tiles"])
         return out, lse, stats

@@ -54,3 +54,26 @@ def fwht_unnormalized(x: torch.Tensor) -> torch.Tensor:
 def hadamard_transform(x: torch.Tensor) -> torch.Tensor:
     """Normalized rotation ``x @ H / sqrt(d)`` along the last axis, float32."""
     return fwht_unnormalized(x) * (1.0 / math.sqrt(x.shape[-1]))
+
+
+#: Seed of the fixed sign vector of the signed rotation ``H diag(s)`` (``Recipe.hadamard_signs``).
+ROTATION_SIGN_SEED = 0x5EED5
+
+
+def rotation_signs(d: int) -> torch.Tensor:
+    """The fixed +-1 vector ``s`` (d,) float32 of the signed rotation ``H diag(s)``.
+
+    Drawn from SplitMix64 seeded with :data:`ROTATION_SIGN_SEED` (bit 63 of each draw), so it is the same on every
+    machine and in every framework version; the kernels' pre-pass builds its matrix from this vector.
+    """
+    _check_dim(d)
+    mask = (1 << 64) - 1
+    state, signs = ROTATION_SIGN_SEED, []
+    for _ in range(d):
+        state = (state + 0x9E3779B97F4A7C15) & mask
+        z = state
+        z = ((z ^ (z >> 30)) * 0xBF58476D1CE4E5B9) & mask
+        z = ((z ^ (z >> 27)) * 0x94D049BB133111EB) & mask
+        z ^= z >> 31
+        signs.append(-1.0 if z >> 63 else 1.0)
+    return torch.tensor(signs, dtype=torch.float32)

@@ -13,7 +13,7 @@ import torch
 
 from .formats import (DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, MX_BLOCK, MX_ELEMENT, fake_quantize_fp8_tensor,
                       fake_quantize_mx, round_to_bf16)
-from .hadamard import fwht_unnormalized
+from .hadamard import fwht_unnormalized, rotation_signs
 from .recipe import Recipe
 
 LOG2E = 1.0 / math.log(2.0)
@@ -27,6 +27,14 @@ def scale_rule(recipe: Recipe, operand: str, fmt_name: str) -> str:
     return DEFAULT_SCALE_RULE[fmt_name]
 
 
+def rotate(y: torch.Tensor, recipe: Recipe) -> torch.Tensor:
+    """``y @ diag(s) H`` unnormalized (float32, (..., D)): the Walsh-Hadamard butterflies, after the fixed signs
+    ``s`` when ``recipe.hadamard_signs`` (each product by +-1 is exact)."""
+    if recipe.hadamard_signs:
+        y = y * rotation_signs(y.shape[-1]).to(y.device)
+    return fwht_unnormalized(y)
+
+
 def prequantize_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.Tensor:
     """The BF16 value a quantized Q/K format rounds before quantizing: rotate, scale, round (float32).
 
@@ -36,7 +44,7 @@ def prequantize_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.
     y = round_to_bf16(x.to(torch.float32))
     if recipe.hadamard:
         rsqrt_d = 1.0 / math.sqrt(x.shape[-1])
-        y = fwht_unnormalized(y)
+        y = rotate(y, recipe)
         if recipe.qk_format == "mxfp8":
             return round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier)
         return round_to_bf16(y * rsqrt_d * multiplier)
@@ -64,7 +72,7 @@ def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> Tuple[torc
         if fmt == "bf16":
             y = round_to_bf16(y)
         if recipe.hadamard:
-            y = fwht_unnormalized(y) * (1.0 / math.sqrt(x.shape[-1]))
+            y = rotate(y, recipe) * (1.0 / math.sqrt(x.shape[-1]))
         return y, multiplier
     y = prequantize_qk(x, recipe, multiplier)
     if fmt == "fp8":

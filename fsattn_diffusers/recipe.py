@@ -63,6 +63,19 @@ class Recipe:
         from the unquantized probabilities.
     hadamard : bool
         Rotate Q and K by the normalized Walsh-Hadamard transform over the head dimension.
+    hadamard_signs : bool
+        Rotate by ``H diag(s)`` instead of ``H``, with ``s`` the fixed +-1 vector of
+        :func:`fsattn_diffusers.hadamard.rotation_signs` (one per head dim, the same for Q and K, so ``Q K^T`` is
+        unchanged); no effect without ``hadamard``. A plain Hadamard rotation maps a vector shared by all tokens (``c * ones``) onto one coordinate;
+        the signs spread it over all of them.
+    smooth_k : bool
+        Subtract K's mean over the valid keys (per batch, head and channel, rounded to BF16) before quantizing K.
+        Exact in real arithmetic (each row's scores move by the constant ``q_i . k_mean``); the LSE adds that
+        constant back, so it stays the log-sum-exp of the unsmoothed scores.
+    smooth_q : bool
+        Subtract Q's mean over the queries (per batch, head and channel) before quantizing Q, and add the per-key
+        term ``q_mean . k_j`` (float32, from the BF16 inputs) to the scores before the exponential. Exact in real
+        arithmetic.
     tile_m, tile_n : int
         Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
     qk_scale_rule, v_scale_rule, p_scale_rule : str or None
@@ -86,6 +99,9 @@ class Recipe:
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
     rowsum_gemm: bool = False
     hadamard: bool = False
+    hadamard_signs: bool = False
+    smooth_k: bool = False
+    smooth_q: bool = False
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     qk_scale_rule: Optional[str] = None
@@ -123,15 +139,25 @@ class Recipe:
 
 
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
+#: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7).
+ROBUST = dict(hadamard_signs=True, smooth_k=True)
+#: The suffix of the paper-faithful presets.
+PAPER_SUFFIX = "-paper"
+_OPERANDS = {
+    "mxfp8": dict(qk_format="mxfp8", p_format="fp8_row", v_format="fp8_tensor"),
+    "mxfp6": dict(qk_format="mxfp6", p_format="mxfp6", v_format="mxfp6"),
+    "mxfp4": dict(qk_format="mxfp4", p_format="mxfp6", v_format="mxfp4"),
+}
 
-#: Named presets. ``mxfp8``/``mxfp6``/``mxfp4`` are paper Table 3 with the complete pipeline (Table 4's
-#: bold row); ``bf16`` is the conventional softmax on BF16 operands; ``exact`` keeps FP32 throughout.
+#: Named presets. ``mxfp8``/``mxfp6``/``mxfp4`` are paper Table 3 with the complete pipeline (Table 4's bold row)
+#: plus :data:`ROBUST`; ``mxfp8-paper``/``mxfp6-paper``/``mxfp4-paper`` are the paper's pipeline alone (what
+#: ``fsattn accuracy --table 4`` reproduces); ``bf16`` is the conventional softmax on BF16 operands; ``exact``
+#: keeps FP32 throughout.
 PRESETS = {
     "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
     "bf16": Recipe(name="bf16", qk_format="bf16", p_format="bf16", v_format="bf16"),
-    "mxfp8": Recipe(name="mxfp8", qk_format="mxfp8", p_format="fp8_row", v_format="fp8_tensor", **_FUSED),
-    "mxfp6": Recipe(name="mxfp6", qk_format="mxfp6", p_format="mxfp6", v_format="mxfp6", **_FUSED),
-    "mxfp4": Recipe(name="mxfp4", qk_format="mxfp4", p_format="mxfp6", v_format="mxfp4", **_FUSED),
+    **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST) for name, ops in _OPERANDS.items()},
+    **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
 }
 
 

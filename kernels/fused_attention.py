@@ -168,14 +168,24 @@ def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, ones8, GATE: tl.constexpr, P_
 
 
 @triton.jit
+def _add_bias(acc, bias_ptrs, e_t, HAS_BIAS: tl.constexpr):
+    """Q smoothing's per-key term (doublings) in the GEMM's units ``2^-e_t``: one exact scaling and one rounding,
+    the emulator's ``X + bias`` scaled by a power of two."""
+    if HAS_BIAS:
+        acc = acc + tl.load(bias_ptrs)[None, :] * pow2(-e_t)
+    return acc
+
+
+@triton.jit
 def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, ones8, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
           P_MX: tl.constexpr, ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr,
-          FAST: tl.constexpr = False, PERM: tl.constexpr = False):
+          FAST: tl.constexpr = False, PERM: tl.constexpr = False, bias_ptrs=None, HAS_BIAS: tl.constexpr = False):
     """One steady-state key tile (lines 6-18 of Algorithm 1)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
     e_t = qe + tl.load(KE_row + t)
+    acc = _add_bias(acc, bias_ptrs, e_t, HAS_BIAS)
     if MASKED:
         kidx = t * BN + tl.arange(0, BN)
         acc = tl.where((kidx < n_keys)[None, :], acc, float("-inf"))
@@ -208,7 +218,8 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_KVL: tl.constexpr,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
                       SIGMA: tl.constexpr, ROWSUM_DOT: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      RNE_CVT: tl.constexpr, FAST: tl.constexpr = False, PERM: tl.constexpr = False):
+                      RNE_CVT: tl.constexpr, FAST: tl.constexpr = False, PERM: tl.constexpr = False,
+                      BIAS=None, HAS_BIAS: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -225,6 +236,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     k_ptrs = K8 + bh64 * SKP * D + kcol[:, None] * D + dcol[None, :]
     vt_ptrs = V8T + bh64 * D * SKP + dcol[:, None] * SKP + kcol[None, :]
     KE_row = KE + bh * (SKP // BN)
+    bias_ptrs = BIAS + bh64 * SKP + kcol
     row_ok = rows < SQ
     ones8 = tl.full((BN, 16), 1.0, tl.float32).to(tl.float8e4nv)
 
@@ -237,6 +249,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         # Tile 0 (peeled): the frozen reference (line 2), then lines 15-18 as in the loop.
         acc = tl.dot(q, tl.trans(tl.load(k_ptrs)))
         e0 = qe + tl.load(KE_row)
+        acc = _add_bias(acc, bias_ptrs, e0, HAS_BIAS)
         acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
         c = (12582912.0 + 16249.0 + 128.0 * SIGMA) - 128.0 * m
@@ -249,11 +262,13 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
                                               vt_ptrs + t * BN, KE_row, t, n_keys, ones8, row_ok, BN, False,
-                                              GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM)
+                                              GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM,
+                                              bias_ptrs + t * BN, HAS_BIAS)
         if (n_full >= 1) & (n_full * BN < n_keys):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + n_full * BN * D,
                                               vt_ptrs + n_full * BN, KE_row, n_full, n_keys, ones8, row_ok,
-                                              BN, True, GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM)
+                                              BN, True, GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM,
+                                              bias_ptrs + n_full * BN, HAS_BIAS)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

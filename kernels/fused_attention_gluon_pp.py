@@ -147,10 +147,12 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, krow0, vrow0, pr
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc,
-              QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, SIGMA):
+def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
+              onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob,
+              soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
+    ``HAS_BIAS``: add Q smoothing's per-key term BIAS (B*H, SKP) (doublings) to the scores, scaled into the GEMM's
+    units ``2^-e`` (exact), before the maximum, the gate and Stage-A.
 
     Partition arguments cannot be constexprs (they arrive as tensors): the tile sizes come from the shared-memory
     shapes, and ``WRITE_LSE``, ``CAP``, ``SIGMA`` are runtime scalars.
@@ -164,6 +166,7 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones
                                                        instr_shape=[16, ONES_N, 32])
     p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
     srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+    scol: gl.constexpr = gl.SliceLayout(0, s_layout)
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
     ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
     lrow: gl.constexpr = gl.SliceLayout(1, l_layout)
@@ -175,6 +178,7 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones
     ones = ones_smem.permute((1, 0))
     qe = gl.load(QE + bh * (SQP // 128) + pid_m)  # Q's exponent per 128-row tile (both warpgroups share it)
     KE_row = KE + bh * (SKP // BN)
+    bias_row = BIAS + bh.to(gl.int64) * SKP + gl.arange(0, BN, layout=scol)
     krow0 = bh * SKP
     vrow0 = bh * D
     row0 = pid_m * 128 + WG * BM
@@ -196,6 +200,8 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         e0 = qe + gl.load(KE_row)
+        if HAS_BIAS:
+            s = s + gl.load(bias_row)[None, :] * _pow2(-e0)
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         c = (MAGIC + D_BITS_F16 + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
         pw = _stage_b_words(_stage_a(s, _pow2(e0 + GRID_LOG2), c), p_layout, BM, BN)
@@ -207,9 +213,13 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
             lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            if HAS_BIAS:
+                bt = gl.load(bias_row + j * BN)  # issued before the wait
             s, lt = warpgroup_mma_wait(1, deps=(s, lt))
             lsum = lsum + lt
             e_t = qe + gl.load(KE_row + j)
+            if HAS_BIAS:
+                s = s + bt[None, :] * _pow2(-e_t)
             amax = gl.max(s, axis=1)
             fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
             anyfire = _warp_any(fire, WG)  # this warp only
@@ -256,26 +266,47 @@ def _consumer(WG: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones
 
 
 @gluon.jit
-def _consumer0(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
-               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-               SIGMA):
-    _consumer(0, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
-              LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+def _consumer0(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+               WRITE_LSE, CAP, SIGMA):
+    _consumer(0, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
+              CAP, SIGMA)
 
 
 @gluon.jit
-def _consumer1(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
-               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-               SIGMA):
-    _consumer(1, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT,
-              LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+def _consumer0_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+                    BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+                    WRITE_LSE, CAP, SIGMA):
+    _consumer(0, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
+              CAP, SIGMA)
 
 
 @gluon.jit
-def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, KVL,
-                               sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
+def _consumer1(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+               WRITE_LSE, CAP, SIGMA):
+    _consumer(1, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
+              CAP, SIGMA)
+
+
+@gluon.jit
+def _consumer1_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+                    BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+                    WRITE_LSE, CAP, SIGMA):
+    _consumer(1, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
+              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
+              CAP, SIGMA)
+
+
+@gluon.jit
+def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW,
+                               KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                                D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr,
-                               CAP: gl.constexpr, SIGMA: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr):
+                               CAP: gl.constexpr, SIGMA: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
+                               HAS_BIAS: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -319,6 +350,9 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, OU
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
 
-    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, OUT, LSE,
-            STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
-    gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
+    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+            LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+    if HAS_BIAS:
+        gl.warp_specialize([(_consumer0_bias, args), (_consumer1_bias, args)], [4], [REGS])
+    else:
+        gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])

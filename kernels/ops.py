@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import math
 import os
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
+
+from fsattn_diffusers.smoothing import lse_offset, token_mean
 
 from .plan import KernelPlan, plan_from_key
 from .prepass import INTERPRET, KEY_TILE, padded, prepare_qk, prepare_v
@@ -47,17 +49,43 @@ def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
         raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
     if variant in GLUON_VARIANTS and (plan.p_mxfp6 or not plan.gate or plan.rowsum_dot or INTERPRET):
         return "fast"
+    if variant == "ws" and (plan.smooth_q or plan.hadamard_signs or plan.smooth_k):
+        return "fast"  # the experimental variant has no bias input
     return variant
 
 
-def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None):
-    """All operands for the attention kernel: ``(q8, qe, k8, ke, v8t, vs)`` (see kernels.prepass)."""
+class KernelOperands(NamedTuple):
+    """What the pre-pass gives the attention kernel (layouts in :mod:`kernels.prepass`).
+
+    ``bias`` (B, H, SKP) float32: Q smoothing's per-key score term in doublings, or None. ``k_mean`` (B, H, 1, D):
+    K smoothing's mean (the LSE adds ``scale * q . k_mean`` back), or None.
+    """
+
+    q8: torch.Tensor
+    qe: torch.Tensor
+    k8: torch.Tensor
+    ke: torch.Tensor
+    v8t: torch.Tensor
+    vs: torch.Tensor
+    bias: Optional[torch.Tensor] = None
+    k_mean: Optional[torch.Tensor] = None
+
+
+def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None
+            ) -> KernelOperands:
+    """All operands for the attention kernel (see kernels.prepass), smoothing included."""
     variant = effective_variant(variant, plan)
     nan_pad = (variant == "ws" and not INTERPRET and not plan.p_mxfp6) or variant in GLUON_VARIANTS
-    q8, qe = prepare_qk(q, plan, scale * LOG2E, tile_ref=True)
-    k8, ke = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad)
+    valid = None
+    if plan.smooth_k and kv_lens is not None:
+        valid = torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None]
+    k_mean = token_mean(k, valid) if plan.smooth_k else None
+    q_mean = token_mean(q) if plan.smooth_q else None
+    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean)
+    k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
+                              q_mean=q_mean, bias_mult=scale * LOG2E)
     v8t, vs = prepare_v(v, plan, kv_lens, perm=variant in ("fast",) + GLUON_VARIANTS)
-    return q8, qe, k8, ke, v8t, vs
+    return KernelOperands(q8, qe, k8, ke, v8t, vs, bias, k_mean)
 
 
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
@@ -73,7 +101,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     variant = effective_variant(variant, plan)
     if num_stages is None:
         num_stages = PP_STAGES if variant == "gluonpp" else NUM_STAGES
-    q8, qe, k8, ke, v8t, vs = ops
+    q8, qe, k8, ke, v8t, vs, bias = ops[:7]
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     grid = (sqp // block_m, b * h)
@@ -91,7 +119,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, FAST=variant == "fast",
-        PERM=variant == "fast", num_warps=num_warps)
+        PERM=variant == "fast", BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None,
+        num_warps=num_warps)
 
 
 def _fp8_desc(t, block):
@@ -109,7 +138,7 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
         raise ValueError(f"gluonpp kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
     from .fused_attention_gluon_pp import ONES_N, WG_ROWS, fsattn_fwd_gluon_pp_kernel
 
-    q8, qe, k8, ke, v8t, vs = ops
+    q8, qe, k8, ke, v8t, vs, bias = ops[:7]
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     want_stats = stats is not None
@@ -121,9 +150,10 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
     fsattn_fwd_gluon_pp_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
         _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N]),
-        qe, ke, vs, out, lse if lse is not None else stats, stats, flags, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        qe, ke, vs, bias if bias is not None else vs, out, lse if lse is not None else stats, stats, flags, nkw,
+        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
-        SIGMA=float(plan.p_sigma), STAGES=num_stages, REGS=PP_WORKER_REGS, num_warps=4)
+        SIGMA=float(plan.p_sigma), STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, num_warps=4)
     if nkw:
         stats[1] += _popcount(flags).to(torch.int32)
 
@@ -154,7 +184,7 @@ def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stage
 
     from .fused_attention_ws import fsattn_fwd_ws_kernel
 
-    q8, qe, k8, ke, v8t, vs = ops
+    q8, qe, k8, ke, v8t, vs = ops[:6]
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     nqt, nkt = sqp // block_m, skp // BLOCK_N
@@ -211,6 +241,8 @@ def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len
     ops = prepass(q, k, v, plan, scale, kv_lens)
     attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
                             lse if return_lse else None, stats if want_stats else None)
+    if return_lse and ops.k_mean is not None:  # the log-sum-exp of the unsmoothed scores
+        lse += lse_offset(q, ops.k_mean, scale)
     return out, lse, stats
 
 

@@ -62,6 +62,9 @@ class KernelPlan:
     gate: bool
     gate_cap: int  # doublings above the frozen reference that fire the gate
     rowsum_dot: bool  # row sum from the quantized P (GEMM with ones) instead of Stage-A values
+    hadamard_signs: bool = False  # rotate by H diag(s) (hadamard.rotation_signs)
+    smooth_k: bool = False  # the pre-pass subtracts K's token mean (smoothing.token_mean)
+    smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the per-key bias q_mean . k_j
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -118,6 +121,9 @@ def plan_for(recipe, rowsum_dot: bool = False) -> KernelPlan:
         gate=recipe.rollback,
         gate_cap=min(recipe.rollback_cap_log2, P_HEADROOM_LOG2),
         rowsum_dot=rowsum_dot,
+        hadamard_signs=recipe.hadamard_signs,
+        smooth_k=recipe.smooth_k,
+        smooth_q=recipe.smooth_q,
     )
 
 

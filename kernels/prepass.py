@@ -49,7 +49,8 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                        MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
                        DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL,
-                       HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1):
+                       HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1, MEAN=None, HAS_MEAN: tl.constexpr = False,
+                       QMEAN=None, BIAS=None, bias_mult=1.0, HAS_BIAS: tl.constexpr = False):
     """Persistent: program ``p`` of ``P`` quantizes the (row tile, batch x head) pairs ``t = p, p + P, ...`` of the
     ``N_TILES`` (row tiles fastest), loading the Hadamard matrix once."""
     cols = tl.arange(0, D)
@@ -59,7 +60,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     for t in tl.range(tl.program_id(0), N_TILES, tl.num_programs(0), num_stages=STAGES):
         _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm if HAD else cols, H, S, SP, rsqrt_d, mult, t % n_s, t // n_s,
                  D, BS, HAD, ROUND_TWICE, RULE, T0, MBITS, EMIN, MAXV, EMAX, TILE_REF, DOT_F32, NAN_PAD, HAS_KVL, KVL,
-                 HW_CVT)
+                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS)
 
 
 @triton.jit
@@ -67,9 +68,12 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
              D: tl.constexpr, BS: tl.constexpr, HAD: tl.constexpr, ROUND_TWICE: tl.constexpr,
              RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
              MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
-             DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr):
-    """One BS-row tile of one (batch, head): BF16 rounding, rotation by ``hm`` (the +-1 Hadamard matrix, (D, D)),
-    scaling, MX quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE."""
+             DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr,
+             MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr):
+    """One BS-row tile of one (batch, head): BF16 rounding, smoothing (``HAS_MEAN``: minus the token mean MEAN
+    (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
+    quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
+    term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows."""
     b = bh // H
     h = bh % H
     rows = pid_s * BS + tl.arange(0, BS)
@@ -83,6 +87,12 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         x = x.to(tl.float32)
     else:
         x = _bf16_value(x.to(tl.float32), HW_CVT)
+    if HAS_MEAN:  # smoothing.subtract_mean; rows past the valid ones stay zero
+        mu = tl.load(MEAN + bh * D + cols)
+        x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
+    if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order)
+        qm = tl.load(QMEAN + bh * D + cols)
+        tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
     if HAD:
         if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
             y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
@@ -193,14 +203,15 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
 
 
 @functools.lru_cache(maxsize=None)
-def _hadamard_pm1(d: int, dtype_name: str, device: str) -> torch.Tensor:
-    """Unnormalized Sylvester Hadamard matrix (+-1), (d, d), in BF16 on ``device``."""
-    idx = torch.arange(d)
-    overlap = idx[:, None] & idx[None, :]
-    parity = torch.zeros_like(overlap)
-    for bit in range(max(d.bit_length() - 1, 0)):
-        parity ^= (overlap >> bit) & 1
-    return (1 - 2 * parity).to(getattr(torch, dtype_name)).to(device).contiguous()
+def _hadamard_pm1(d: int, dtype_name: str, device: str, signs: bool = False) -> torch.Tensor:
+    """Unnormalized Sylvester Hadamard matrix (+-1), (d, d), in BF16 on ``device``; with ``signs`` its rows times the
+    fixed signs of :func:`fsattn_diffusers.hadamard.rotation_signs` (``x @ diag(s) H``)."""
+    from fsattn_diffusers.hadamard import hadamard_matrix, rotation_signs
+
+    hm = torch.round(hadamard_matrix(d, dtype=torch.float64) * math.sqrt(d))
+    if signs:
+        hm = rotation_signs(d).double()[:, None] * hm
+    return hm.to(getattr(torch, dtype_name)).to(device).contiguous()
 
 
 def padded(n: int, tile: int) -> int:
@@ -208,7 +219,7 @@ def padded(n: int, tile: int) -> int:
 
 
 def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool, kv_lens=None,
-               nan_pad: bool = False):
+               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0):
     """Q (``tile_ref=False``, per-row exponents) or K (``tile_ref=True``, one exponent per 128 keys).
 
     Parameters
@@ -224,21 +235,30 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     must not change the shared exponent of its key tile). With ``nan_pad`` (K), rows at or past
     ``kv_lens[b]`` (or S) are written as E4M3 NaN: the attention kernel's scores there are NaN, which its
     max and clamp drop (masking without a select).
+
+    ``mean`` (B, H, 1, D) float32, optional: subtracted from every valid row (``Recipe.smooth_k``/``smooth_q``).
+    ``q_mean`` (B, H, 1, D), optional (K only): also return the per-key bias ``bias_mult * (q_mean . k)`` of Q
+    smoothing, (B, H, SP) float32, as a third output (``None`` without ``q_mean``).
     """
     b, h, s, d = x.shape
     sp = padded(s, ROWS)
     out = torch.empty((b, h, sp, d), dtype=torch.float8_e4m3fn, device=x.device)
     exps = torch.empty((b, h, sp // ROWS if tile_ref else sp), dtype=torch.int32, device=x.device)
-    hm = _hadamard_pm1(d, "bfloat16", str(x.device))
+    hm = _hadamard_pm1(d, "bfloat16", str(x.device), plan.hadamard_signs)
     mbits, emin, maxv, emax = ELEM[plan.qk_fmt]
+    mean_arg = mean.reshape(b * h, d).contiguous() if mean is not None else exps
+    bias = torch.empty((b, h, sp), dtype=torch.float32, device=x.device) if q_mean is not None else None
+    qm_arg = q_mean.reshape(b * h, d).contiguous() if q_mean is not None else exps
     n_tiles = (sp // ROWS) * b * h
     _qk_prepass_kernel[(_persistent_programs(n_tiles, x.device),)](
         x, *x.stride(), out, exps, hm, h, s, sp, 1.0 / math.sqrt(d), float(multiplier), n_tiles,
         D=d, BS=ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule, T0=plan.qk_t0,
         MBITS=mbits, EMIN=emin, MAXV=maxv, EMAX=emax, TILE_REF=tile_ref, DOT_F32=INTERPRET,
         NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
-        HW_CVT=not INTERPRET, STAGES=QK_STAGES_E2M1 if plan.qk_fmt == FMT_E2M1 else QK_STAGES, num_warps=QK_WARPS)
-    return out, exps
+        HW_CVT=not INTERPRET, STAGES=QK_STAGES_E2M1 if plan.qk_fmt == FMT_E2M1 else QK_STAGES,
+        MEAN=mean_arg, HAS_MEAN=mean is not None, QMEAN=qm_arg, BIAS=bias if bias is not None else exps,
+        bias_mult=float(bias_mult), HAS_BIAS=q_mean is not None, num_warps=QK_WARPS)
+    return out, exps, bias
 
 
 def _persistent_programs(n_tiles: int, device) -> int:

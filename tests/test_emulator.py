@@ -235,7 +235,7 @@ def test_lse_of_a_shard_that_rolled_back_merges_like_any_other(recipe):
     assert abs(e_merged - e_full) <= LSE_MERGE_REL * e_full + LSE_MERGE_FLOOR
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4", PRESETS["bf16"].replace(frozen_max=True)])
+@pytest.mark.parametrize("recipe", ["mxfp8-paper", "mxfp6-paper", "mxfp4-paper", PRESETS["bf16"].replace(frozen_max=True)])
 def test_gate_disabled_overflows_past_the_proxy_range(recipe):
     """Without the gate, an overshoot past the U16 pattern's code space (384 doublings, Appendix C)
     saturates the pattern at 0xFFFF, a BF16 NaN, and poisons the row. 2^40 and 2^100 still fit the BF16

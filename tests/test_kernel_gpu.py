@@ -31,6 +31,7 @@ from fsattn_diffusers import sm90_numerics  # noqa: E402
 from fsattn_diffusers.backends.triton_backend import kernels_package  # noqa: E402
 from fsattn_diffusers.emulator import emulate_attention  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS  # noqa: E402
+from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 
 kernels_package()
 from fsattn_diffusers.kernels.ops import attention_from_operands, fused_attention, prepass  # noqa: E402
@@ -348,9 +349,16 @@ def test_prepass_operands_equal_the_sm90_reference(recipe, shape):
     kv = None if lens is None else torch.tensor(lens, device=DEV)
     plan = plan_for(PRESETS[recipe])
     scale = 1.0 / math.sqrt(d)
-    q8, qe, k8, ke, v8t, vs = prepass(q, k, v, plan, scale, kv, variant="classic")
+    q8, qe, k8, ke, v8t, vs, bias, _ = prepass(q, k, v, plan, scale, kv, variant="classic")
     valid = None if kv is None else torch.arange(s_k, device=DEV)[None, :] < kv[:, None]
-    qc, kc, vc = sm90_numerics.operands(q, k, v, PRESETS[recipe], scale, valid)
+    q_in, k_in, ref_bias, _ = smooth_inputs(q, k, PRESETS[recipe], scale, valid)  # the robust presets smooth Q, K
+    qc, kc, vc = sm90_numerics.operands(q_in, k_in, v, PRESETS[recipe], scale, valid)
+    if ref_bias is not None:  # Q smoothing's per-key term: fp32 sums in the kernel's order vs torch's
+        got_b = bias[:, :, :s_k] if valid is None else torch.where(valid[:, None, :], bias[:, :, :s_k], 0.0)
+        want_b = ref_bias if valid is None else torch.where(valid[:, None, :], ref_bias, 0.0)
+        bdiff = float((got_b - want_b).abs().max())
+        print(f"{recipe} {shape[:5]} bias: max |diff| {bdiff:.3e} of max |bias| {float(want_b.abs().max()):.3e}")
+        assert bdiff <= 1e-5 * float(want_b.abs().max()) + 1e-6
     qv = (q8.float() * torch.exp2(qe.float()).repeat_interleave(128, dim=2)[..., None])[:, :, :s_q]
     kv_ = (k8.float() * torch.exp2(ke.float()).repeat_interleave(128, dim=2)[..., None])[:, :, :s_k]
     vv = (v8t.float() * vs[..., None]).transpose(-1, -2)[:, :, :s_k]

@@ -1,0 +1,89 @@
+"""Token-mean smoothing of Q and K (``Recipe.smooth_k``, ``Recipe.smooth_q``; NUMERICS.md §7).
+
+Softmax is invariant to a constant per row, so subtracting K's mean over the keys from every key moves each row's
+scores by ``q_i . k_mean`` and changes nothing else; subtracting Q's mean from every query removes ``q_mean . k_j``
+from the scores, a term per key that is added back exactly (float32) before the exponential. What stays for the
+quantized GEMM are the parts that vary between tokens. These functions are shared by the emulator and the kernels'
+host code, so both see the same means, bias and LSE correction bit for bit on one device.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from .formats import round_to_bf16
+
+
+def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean over the tokens of ``x`` (B, H, S, D), rounded to BF16: (B, H, 1, D) float32.
+
+    ``valid`` (B, S) bool, optional, a prefix of each batch entry's tokens (keys before ``kv_lens``): only those
+    count; an entry without a valid token has mean 0. Any vector subtracted from every key (or query) leaves the
+    attention unchanged in real arithmetic, so the mean needs no more precision than ``x``'s own dtype gives: it is
+    torch's ``mean`` in ``x``'s dtype (float32 accumulation, no float32 copy of ``x``), the same function on every
+    backend, so emulator and kernel subtract the same vector.
+    """
+    if valid is None:
+        mean = x.mean(dim=2, keepdim=True).to(torch.float32)
+    else:
+        counts = valid.sum(dim=1).tolist()
+        parts = [x[i:i + 1, :, :n].mean(dim=2, keepdim=True).to(torch.float32) if n > 0 else
+                 torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
+                 for i, n in enumerate(counts)]
+        mean = torch.cat(parts, dim=0)
+    return round_to_bf16(mean)
+
+
+def subtract_mean(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
+    """``BF16(BF16(x) - mean)`` as float32 (B, H, S, D): the smoothed operand the pre-pass quantizes."""
+    return round_to_bf16(round_to_bf16(x.to(torch.float32)) - mean)
+
+
+def key_bias(q_mean: torch.Tensor, k_smoothed: torch.Tensor, multiplier: float) -> torch.Tensor:
+    """The per-key score term of Q smoothing, ``multiplier * (q_mean . k_j)``: (B, H, S_k) float32.
+
+    q_mean : (B, H, 1, D) from :func:`token_mean`; k_smoothed : (B, H, S_k, D) float32, the K the GEMM sees (after
+    K smoothing when that is on). ``multiplier`` is ``alpha log2 e`` (scores in doublings).
+    """
+    return torch.matmul(k_smoothed, q_mean.transpose(-1, -2))[..., 0] * multiplier
+
+
+#: Query rows per block of :func:`lse_offset` (bounds its float32 temporary).
+LSE_OFFSET_ROWS = 4096
+
+
+def lse_offset(q: torch.Tensor, k_mean: torch.Tensor, scale: float) -> torch.Tensor:
+    """What K smoothing removed from row i's scores, ``alpha (q_i . k_mean)``: (B, H, S_q) float32, added to the LSE.
+
+    q : (B, H, S_q, D) any float dtype (its BF16 values are used); k_mean : (B, H, 1, D) float32.
+    """
+    kt = k_mean.transpose(-1, -2)
+    parts = [torch.matmul(round_to_bf16(q[:, :, r:r + LSE_OFFSET_ROWS].to(torch.float32)), kt)[..., 0]
+             for r in range(0, q.shape[2], LSE_OFFSET_ROWS)]
+    return torch.cat(parts, dim=2) * scale
+
+
+def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid: Optional[torch.Tensor] = None):
+    """Apply ``recipe.smooth_q`` / ``recipe.smooth_k`` to (B, H, S, D) inputs.
+
+    Returns
+    -------
+    q, k : the operands to quantize (the inputs themselves when smoothing is off; else float32 BF16 values).
+    bias : (B, H, S_k) float32 per-key score term in doublings (``smooth_q``), or None.
+    lse_offset : (B, H, S_q) float32 to add to the natural-log LSE (``smooth_k``), or None.
+    """
+    from .operands import LOG2E
+
+    bias = offset = None
+    if recipe.smooth_k:
+        k_mean = token_mean(k, valid)
+        offset = lse_offset(q, k_mean, scale)
+        k = subtract_mean(k, k_mean)
+    if recipe.smooth_q:
+        q_mean = token_mean(q)
+        k_seen = k if recipe.smooth_k else round_to_bf16(k.to(torch.float32))
+        bias = key_bias(q_mean, k_seen, scale * LOG2E)
+        q = subtract_mean(q, q_mean)
+    return q, k, bias, offset

@@ -1,0 +1,107 @@
+"""Token-mean smoothing and the signed rotation (Recipe.smooth_k, smooth_q, hadamard_signs): exact in real
+arithmetic, so the exact recipe is unchanged and the LSE stays the log-sum-exp of the unsmoothed scores."""
+
+import math
+
+import pytest
+import torch
+
+import fsattn_diffusers as fa
+from fsattn_diffusers.emulator import emulate_attention
+from fsattn_diffusers.hadamard import hadamard_matrix, rotation_signs
+from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, ROBUST
+from fsattn_diffusers.smoothing import token_mean
+
+
+def _inputs(b=2, h=2, s_q=200, s_k=300, d=64, seed=0, offset=3.0, q_offset=None):
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(b, h, s, d, generator=g) for s in (s_q, s_k, s_k))
+    q_offset = offset if q_offset is None else q_offset
+    return (q + q_offset).bfloat16(), (k + offset).bfloat16(), v.bfloat16()
+
+
+def _exact(q, k, v, scale, kv_lens=None):
+    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
+    if kv_lens is not None:
+        pos = torch.arange(k.shape[2])
+        s = s.masked_fill(~(pos[None, :] < kv_lens[:, None])[:, None, None, :], float("-inf"))
+    return torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
+
+
+@pytest.mark.parametrize("fields", [dict(smooth_k=True), dict(smooth_q=True), dict(smooth_k=True, smooth_q=True),
+                                    dict(hadamard=True, hadamard_signs=True)])
+def test_smoothing_leaves_the_exact_recipe_unchanged(fields):
+    q, k, v = _inputs()
+    kv = torch.tensor([300, 123])
+    scale = q.shape[-1] ** -0.5
+    plain = emulate_attention(q, k, v, PRESETS["exact"], scale=scale, kv_lens=kv, return_lse=True)
+    smooth = emulate_attention(q, k, v, PRESETS["exact"].replace(**fields), scale=scale, kv_lens=kv, return_lse=True)
+    ex_o, ex_lse = _exact(q, k, v, scale, kv)
+    d_out = float((smooth[0].double() - plain[0].double()).abs().max())
+    d_lse = float((smooth[1].double() - ex_lse).abs().max())
+    print(f"{fields}: max |out - unsmoothed| {d_out:.2e}, max |lse - exact logsumexp| {d_lse:.2e}")
+    # smoothing rounds (q - mean), (k - mean) to BF16: float tolerance of BF16 operands, not of fp32
+    assert d_out < 2e-2 and d_lse < 2e-2
+    assert float((plain[1].double() - ex_lse).abs().max()) < 1e-4  # the unsmoothed exact recipe, for scale
+
+
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp6", "mxfp4"])
+@pytest.mark.parametrize("numerics", ["mi355x", "sm90"])
+def test_quantized_lse_is_the_unsmoothed_logsumexp(name, numerics):
+    """K offset by +3 on every channel: K smoothing takes out ~34 nats per row, the LSE adds them back."""
+    q, k, v = _inputs(d=128, q_offset=1.0)
+    scale = 128 ** -0.5
+    recipe = PRESETS[name].replace(numerics=numerics)
+    assert recipe.smooth_k
+    _, lse, _ = emulate_attention(q, k, v, recipe, scale=scale, return_lse=True)
+    _, ex_lse = _exact(q, k, v, scale)
+    diff = float((lse.double() - ex_lse).abs().max())
+    print(f"{name}/{numerics}: max |lse - exact| {diff:.3f} nats (exact lse ~ {float(ex_lse.mean()):.1f})")
+    assert diff < {"mxfp8": 0.1, "mxfp6": 0.15, "mxfp4": 0.3}[name]  # without the offset it would be ~34
+
+
+def test_padded_garbage_keys_do_not_move_the_mean():
+    q, k, v = _inputs(b=1, s_k=256)
+    kv = torch.tensor([100])
+    k2 = k.clone()
+    k2[:, :, 100:] = 1e4  # garbage past kv_lens
+    valid = torch.arange(256)[None, :] < kv[:, None]
+    assert torch.equal(token_mean(k, valid), token_mean(k2, valid))
+    a = fa.attention(q, k, v, "mxfp8", layout="bhsd", kv_lens=kv)
+    b = fa.attention(q, k2, v, "mxfp8", layout="bhsd", kv_lens=kv)
+    assert torch.equal(a, b)
+
+
+def test_robust_presets_and_paper_presets():
+    for name in ("mxfp8", "mxfp6", "mxfp4"):
+        robust, paper = PRESETS[name], PRESETS[name + PAPER_SUFFIX]
+        assert all(getattr(robust, f) == v for f, v in ROBUST.items())
+        assert not (paper.smooth_k or paper.smooth_q or paper.hadamard_signs)
+        assert robust.replace(**{f: False for f in ROBUST}, name=paper.name) == paper
+
+
+def test_rotation_signs_are_fixed_and_orthogonal():
+    s = rotation_signs(128)
+    assert torch.equal(s, rotation_signs(128)) and set(s.tolist()) == {-1.0, 1.0}
+    assert 40 < int((s > 0).sum()) < 88
+    m = torch.diag(s) @ hadamard_matrix(128)
+    assert torch.allclose(m @ m.T, torch.eye(128), atol=1e-6)
+
+
+def test_shared_offsets_no_longer_break_mxfp8():
+    """Q and K biased by the same +3 vector: the paper pipeline's error is ~100%; the default recipe's stays near
+    its Gaussian error (the Hadamard rotation maps the shared offset onto one coordinate; K smoothing removes it)."""
+    q, k, v = _inputs(b=1, h=2, s_q=1024, s_k=1024, d=128, seed=3)
+    scale = 128 ** -0.5
+    ref, _ = _exact(q, k, v, scale)
+    errs = {}
+    for name in ("mxfp8", "mxfp8" + PAPER_SUFFIX):
+        out = emulate_attention(q, k, v, PRESETS[name], scale=scale)[0]
+        errs[name] = float((out.double() - ref).norm() / ref.norm())
+    q0, k0, v0 = _inputs(b=1, h=2, s_q=1024, s_k=1024, d=128, seed=3, offset=0.0)
+    ref0, _ = _exact(q0, k0, v0, scale)
+    gauss = float((emulate_attention(q0, k0, v0, PRESETS["mxfp8"], scale=scale)[0].double() - ref0).norm()
+                  / ref0.norm())
+    print(f"errors with a shared +3 offset: {errs}; default recipe on Gaussian inputs {gauss:.4f}")
+    assert errs["mxfp8-paper"] > 0.5
+    assert errs["mxfp8"] < 2.5 * gauss
