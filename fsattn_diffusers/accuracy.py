@@ -13,7 +13,7 @@ import torch
 
 from .emulator import emulate_attention
 from .exponent import SCHRAUDOLPH_EPS
-from .recipe import PRESETS, Recipe
+from .recipe import PAPER_SUFFIX, PRESETS, Recipe
 
 # Paper Table 8: proxy -> (mantissa bits M, exponent bits E, min %, max %, RMS %, added RMS %).
 PAPER_TABLE8 = {
@@ -77,7 +77,8 @@ TABLE4_ROWS = {
 
 def table4_recipe(row: str, column: str) -> Recipe:
     """The recipe of one Table 4 cell: the column's operands (Table 3) with the row's components."""
-    return PRESETS[column].replace(name=f"{column}:{row}", **TABLE4_ROWS[row])
+    base = PRESETS.get(column + PAPER_SUFFIX, PRESETS[column])  # the paper's pipeline, without ROBUST's additions
+    return base.replace(name=f"{column}:{row}", **TABLE4_ROWS[row])
 
 
 def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):
