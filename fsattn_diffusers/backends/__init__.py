@@ -45,6 +45,7 @@ def _ensure_loaded() -> None:
     from . import emulator_backend  # noqa: F401
     from . import triton_backend  # noqa: F401
     from . import aiter_backend  # noqa: F401
+    from . import fa3_backend  # noqa: F401  (a baseline: by name only, never under "auto")
 
 
 def registered() -> Dict[str, Backend]:
