@@ -22,6 +22,7 @@ scale per tensor rather than per (batch, head).
 from __future__ import annotations
 
 import importlib
+import sys
 from typing import Optional
 
 import torch
@@ -43,8 +44,12 @@ FA3_MAX_HEAD_DIM = 256
 
 
 def fa3_module():
-    """The imported ``fa3_fwd_interface`` module (raises the import's own exception when absent)."""
-    return importlib.import_module(FA3_MODULE)
+    """The imported ``fa3_fwd_interface`` module (raises the import's own exception when absent).
+
+    Once imported it is read from ``sys.modules`` (a dict lookup ``torch.compile`` traces; an import
+    statement would break the graph)."""
+    module = sys.modules.get(FA3_MODULE)
+    return module if module is not None else importlib.import_module(FA3_MODULE)
 
 
 def fa3_missing() -> Optional[str]:
