@@ -200,3 +200,39 @@ def test_apply_composes_with_first_block_cache(order):
     for t in experts:
         t.disable_cache()
         assert not _cache_hooks(t)
+
+
+@pytest.mark.parametrize("block_name", ["transformer_blocks", "single_transformer_blocks"])
+def test_hunyuan_blocks_with_padded_text_have_no_graph_break(monkeypatch, block_name):
+    """HunyuanVideo's dual- and single-stream blocks with padded text (mask -> kv_lens, FA3's varlen entry
+    through the CPU stand-in): one graph, and a fullgraph compile equals eager."""
+    from fsattn_diffusers.integration.tiny import tiny_hunyuan_video_pipeline
+
+    fake = fake_fa3.install(monkeypatch)
+    model = tiny_hunyuan_video_pipeline().transformer.to(torch.bfloat16)
+    cfg = model.config
+    g = torch.Generator().manual_seed(0)
+    mask = torch.zeros(1, 12, dtype=torch.bool)
+    mask[:, :7] = True  # 7 of 12 text tokens valid
+    kw = dict(hidden_states=torch.randn(1, cfg.in_channels, 2, 8, 8, generator=g).to(torch.bfloat16),
+              timestep=torch.tensor([500.0]), encoder_attention_mask=mask,
+              encoder_hidden_states=torch.randn(1, 12, cfg.text_embed_dim, generator=g).to(torch.bfloat16),
+              pooled_projections=torch.randn(1, cfg.pooled_projection_dim, generator=g).to(torch.bfloat16),
+              guidance=torch.tensor([6000.0]), return_dict=False)
+    fsattn_diffusers.apply(model, policy="fa3-fp8")
+    block = getattr(model, block_name)[0]
+    try:
+        args, kwargs = e2e_config.block_inputs(model, block, lambda: model(**kw))
+        call = fake.CALLS[0]  # keys: all image tokens + 7 text tokens of the 12 (5 padded)
+        assert call["entry"] == "varlen" and call["seqused_k"].tolist() == [call["max_seqlen_k"] - 5]
+        report = e2e_config.explain_block(block, args, kwargs)
+        print(block_name, report)
+        assert report["graphs"] == 1 and report["graph_breaks"] == 0, report["reasons"]
+        with torch.no_grad():
+            eager = block(*args, **kwargs)
+            compiled = torch.compile(block, fullgraph=True, backend="eager")(*args, **kwargs)
+        for a, b in zip(compiled, eager):
+            assert torch.equal(a, b)
+    finally:
+        fsattn_diffusers.remove(model)
+        torch._dynamo.reset()

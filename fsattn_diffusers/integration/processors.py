@@ -210,7 +210,8 @@ def key_padding_lengths(mask: Optional[torch.Tensor], batch: int, n_keys: int):
     -------
     (lens, ok)
         ``lens`` an int64 tensor (B,) or ``None`` when every key is valid; ``ok`` False when the mask
-        is not such a key-padding prefix (the caller must then use stock attention).
+        is not such a key-padding prefix (the caller must then use stock attention). While
+        ``torch.compile`` traces, the mask is taken to be a prefix and ``lens`` is always a tensor.
     """
     if mask is None:
         return None, True
@@ -219,6 +220,10 @@ def key_padding_lengths(mask: Optional[torch.Tensor], batch: int, n_keys: int):
         return None, False
     keep = mask[:, 0, 0, :].expand(batch, n_keys)
     lens = keep.sum(dim=-1)
+    if torch.compiler.is_compiling():
+        # Inside a torch.compile graph the prefix test (data-dependent) is skipped: HunyuanVideo's transformer
+        # builds this mask from the valid-token count, a prefix by construction; the lengths carry all of it.
+        return lens.to(torch.int64), True
     prefix = torch.arange(n_keys, device=mask.device).unsqueeze(0) < lens.unsqueeze(1)
     if not torch.equal(keep, prefix):
         return None, False
