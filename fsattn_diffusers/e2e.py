@@ -83,8 +83,12 @@ def build_transformer(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int =
     return model
 
 
-def make_inputs(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0) -> Callable[[float], dict]:
-    """Returns ``inputs(t)``: the keyword arguments of one transformer forward at timestep ``t``."""
+def make_inputs(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0,
+                text_valid: Optional[int] = None) -> Callable[[float], dict]:
+    """Returns ``inputs(t)``: the keyword arguments of one transformer forward at timestep ``t``.
+
+    ``text_valid`` (HunyuanVideo): valid text tokens of the ``spec.text_tokens`` (the rest is padding, False
+    in ``encoder_attention_mask``, as a short prompt gives); default all valid."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     c, f, h, w = spec.latent
     latents = torch.randn(1, c, f, h, w, generator=g).to(device, dtype)
@@ -93,7 +97,11 @@ def make_inputs(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0) ->
     extra = {}
     if not spec.name.startswith("wan"):
         pooled = torch.randn(1, spec.config["pooled_projection_dim"], generator=g).to(device, dtype)
-        extra = dict(encoder_attention_mask=torch.ones(1, spec.text_tokens, dtype=torch.bool, device=device),
+        valid = spec.text_tokens if text_valid is None else text_valid
+        if not 1 <= valid <= spec.text_tokens:
+            raise ValueError(f"text_valid={text_valid} is out of range; accepted: 1..{spec.text_tokens}")
+        mask = torch.arange(spec.text_tokens, device=device)[None, :] < valid
+        extra = dict(encoder_attention_mask=mask,
                      pooled_projections=pooled,
                      guidance=torch.tensor([6000.0], device=device, dtype=dtype))
 

@@ -32,6 +32,8 @@ def add_arguments(p) -> None:
     p.add_argument("--compile", action="store_true",
                    help="torch.compile the repeated blocks (fullgraph where it holds), every policy")
     p.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    p.add_argument("--text-valid", type=int, default=None,
+                   help="HunyuanVideo: valid text tokens of 256, the rest padding (default: all valid)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", dest="json_path", default=None)
@@ -55,6 +57,8 @@ def run(args) -> int:
         raise UsageError(f"--height/--width must be multiples of 16, got {args.height}x{args.width}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.text_valid is not None and args.model != "hunyuan":
+        raise UsageError("--text-valid applies to --model hunyuan only (Wan's text attention is cross-attention)")
     if args.compile and args.warmup < 1:
         raise UsageError(f"--compile needs --warmup >= 1 (the warm-up forward compiles the blocks), got {args.warmup}")
     scale = {} if args.layers is None else ({"num_layers": args.layers} if args.model == "wan22" else
@@ -64,6 +68,9 @@ def run(args) -> int:
     if args.frames is not None:
         kwargs["frames"] = args.frames
     spec = make(**kwargs)
+    if args.text_valid is not None and not 1 <= args.text_valid <= spec.text_tokens:
+        raise UsageError(f"--text-valid must lie in 1..{spec.text_tokens} (HunyuanVideo's text tokens), "
+                         f"got {args.text_valid}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda but no CUDA device is available; accepted: a CUDA device, or --device cpu")
@@ -75,7 +82,7 @@ def run(args) -> int:
             raise UsageError(why)
     t0 = time.perf_counter()
     model = e2e.build_transformer(spec, device)
-    inputs = e2e.make_inputs(spec, device)
+    inputs = e2e.make_inputs(spec, device, text_valid=args.text_valid)
     gemm_layers = e2e_config.quantize_fp8_gemms(model) if args.gemms == "fp8" else None
     config = {"gemms": args.gemms, "compile": bool(args.compile)}
     print(f"{spec.name}: {e2e.image_tokens(spec)} image tokens, {spec.calls_per_step} forward(s) per step, "
@@ -86,7 +93,8 @@ def run(args) -> int:
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
             "python": platform.python_version(), "argv": sys.argv, "command": " ".join(["fsattn"] + sys.argv[1:]),
             "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "resolution": f"{args.width}x{args.height}", "config": config, "gemm_layers": gemm_layers,
+            "resolution": f"{args.width}x{args.height}", "config": config, "text_valid": args.text_valid,
+            "gemm_layers": gemm_layers,
             "spec": {"name": spec.name, "latent": spec.latent, "tokens": e2e.image_tokens(spec),
                      "calls_per_step": spec.calls_per_step, "config": spec.config}}
     results = {}
