@@ -4,7 +4,8 @@ Latency does not depend on weight values, so the published Wan2.2-T2V-A14B and H
 configurations are built directly on the GPU in BF16 with N(0, 0.02) weights and timed for whole
 denoising steps: stock attention (torch SDPA, cuDNN backend) and the FlashAttention-3 baselines against
 each fsattn policy through our processors, optionally with FP8 linear layers and compiled blocks
-(:mod:`fsattn_diffusers.e2e_config`). Text encoder and VAE decode are excluded (their cost does not change with the policy).
+(:mod:`fsattn_diffusers.e2e_config`). Text encoder and VAE decode are excluded (their cost does not change
+with the policy).
 """
 
 from __future__ import annotations
