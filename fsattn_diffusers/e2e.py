@@ -2,8 +2,10 @@
 
 Latency does not depend on weight values, so the published Wan2.2-T2V-A14B and HunyuanVideo transformer
 configurations are built directly on the GPU in BF16 with N(0, 0.02) weights and timed for whole
-denoising steps: stock attention (torch SDPA, cuDNN backend) against each fsattn policy through our
-processors. Text encoder and VAE decode are excluded (their cost does not change with the policy).
+denoising steps: stock attention (torch SDPA, cuDNN backend) and the FlashAttention-3 baselines against
+each fsattn policy through our processors, optionally with FP8 linear layers and compiled blocks
+(:mod:`fsattn_diffusers.e2e_config`). Text encoder and VAE decode are excluded (their cost does not change
+with the policy).
 """
 
 from __future__ import annotations
@@ -82,8 +84,12 @@ def build_transformer(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int =
     return model
 
 
-def make_inputs(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0) -> Callable[[float], dict]:
-    """Returns ``inputs(t)``: the keyword arguments of one transformer forward at timestep ``t``."""
+def make_inputs(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0,
+                text_valid: Optional[int] = None) -> Callable[[float], dict]:
+    """Returns ``inputs(t)``: the keyword arguments of one transformer forward at timestep ``t``.
+
+    ``text_valid`` (HunyuanVideo): valid text tokens of the ``spec.text_tokens`` (the rest is padding, False
+    in ``encoder_attention_mask``, as a short prompt gives); default all valid."""
     g = torch.Generator(device="cpu").manual_seed(seed)
     c, f, h, w = spec.latent
     latents = torch.randn(1, c, f, h, w, generator=g).to(device, dtype)
@@ -92,7 +98,11 @@ def make_inputs(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int = 0) ->
     extra = {}
     if not spec.name.startswith("wan"):
         pooled = torch.randn(1, spec.config["pooled_projection_dim"], generator=g).to(device, dtype)
-        extra = dict(encoder_attention_mask=torch.ones(1, spec.text_tokens, dtype=torch.bool, device=device),
+        valid = spec.text_tokens if text_valid is None else text_valid
+        if not 1 <= valid <= spec.text_tokens:
+            raise ValueError(f"text_valid={text_valid} is out of range; accepted: 1..{spec.text_tokens}")
+        mask = torch.arange(spec.text_tokens, device=device)[None, :] < valid
+        extra = dict(encoder_attention_mask=mask,
                      pooled_projections=pooled,
                      guidance=torch.tensor([6000.0], device=device, dtype=dtype))
 
@@ -146,15 +156,16 @@ class AttentionTimer:
 
 
 @contextlib.contextmanager
-def timed_attention(timer: AttentionTimer, fsattn: bool):
-    """Route attention calls through ``timer``: torch SDPA for stock runs, fsattn for ours."""
+def timed_attention(timer: AttentionTimer, fsattn: bool, with_stats: bool = True):
+    """Route attention calls through ``timer``: torch SDPA for stock runs, our processors' attention
+    (fsattn recipes, with rollback statistics when ``with_stats``; baseline kernels) otherwise."""
     import torch.nn.functional as F
 
     from .integration import processors
 
     if fsattn:
         original = processors.attention
-        processors.attention = timer.wrap(original, with_stats=True)
+        processors.attention = timer.wrap(original, with_stats=with_stats)
         try:
             yield
         finally:
@@ -187,15 +198,23 @@ def time_steps(model, inputs, spec: ModelSpec, steps: int, cuda: bool) -> List[f
 
 
 def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: int = 1,
-               backend: str = "auto") -> dict:
-    """Time ``steps`` steps of ``model`` under ``policy`` (``"bf16"``: stock SDPA on its cuDNN backend)
-    after ``warmup`` untimed forward calls, then one instrumented step for the attention time (CUDA events
-    around every self-attention call), its share of that step, and the rollback statistics."""
+               backend: str = "auto", instrument: bool = True, compiled: bool = False,
+               compile_backend: str = "inductor") -> dict:
+    """Time ``steps`` steps of ``model`` under ``policy`` (``"bf16"``: stock SDPA on its cuDNN backend;
+    ``"fa3"``/``"fa3-fp8"``: FlashAttention-3 through our processors) after ``warmup`` untimed forward calls,
+    then (``instrument``) one instrumented step for the attention time (CUDA events around every
+    self-attention call), its share of that step, and the rollback statistics (fsattn recipes only).
+    ``instrument=False`` leaves those None. ``compiled``: the model's repeated blocks are compiled
+    (:func:`fsattn_diffusers.e2e_config.compile_blocks`); they are compiled again with ``fullgraph=True`` for
+    this policy, the warm-up compiles them (falling back to ``fullgraph=False`` on a graph break, reported as
+    ``"compile"``), and the instrumented step is skipped (its timer would recompile the blocks)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
+    from .integration.policy import get_policy
     from .integration.processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 
     stock = policy == "bf16"
+    baseline = not stock and get_policy(policy).backend is not None  # a baseline kernel: no rollback gate
     cuda = next(model.parameters()).is_cuda
     saved = dict(model.attn_processors)
     if not stock:
@@ -206,22 +225,42 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
     try:
         kernels = [SDPBackend.CUDNN_ATTENTION] if cuda else [SDPBackend.MATH]
         with torch.no_grad(), sdpa_kernel(kernels):
-            for _ in range(warmup):  # warm-up forwards (kernel compilation, allocator), untimed
-                model(**inputs(999.0))
+            def warm():  # warm-up forwards (kernel compilation, allocator), untimed
+                for _ in range(warmup):
+                    model(**inputs(999.0))
+
+            compile_info = None
+            if compiled:
+                from . import e2e_config
+
+                from .backends import availability
+
+                availability(next(model.parameters()).device)  # backend probes eagerly, before tracing
+                e2e_config.compile_blocks(model, fullgraph=True, backend=compile_backend)
+                t0 = time.perf_counter()
+                compile_info = e2e_config.warm_compiled(model, warm, backend=compile_backend)
+                compile_info["warmup_s"] = time.perf_counter() - t0
+                instrument = False
+            else:
+                warm()
             # Step latency uninstrumented: the timer's per-call events and statistics (a host sync per call, for
             # the rollback counts) leave the GPU idle between calls, which a user's run never has.
             secs = time_steps(model, inputs, spec, steps, cuda)
             timer = AttentionTimer(cuda=cuda)
-            with timed_attention(timer, not stock):  # one more step, instrumented: attention time and rollbacks
-                inst = time_steps(model, inputs, spec, 1, cuda)
-            attn = timer.seconds()
+            inst, attn = [None], None
+            if instrument:  # one more step, instrumented: attention time and rollbacks
+                with timed_attention(timer, not stock, with_stats=not baseline):
+                    inst = time_steps(model, inputs, spec, 1, cuda)
+                attn = timer.seconds()
     finally:
         model.set_attn_processor(saved)
     step = sorted(secs)[len(secs) // 2]
     tiles = max(1, timer.stats["tiles"])
+    gated = instrument and not stock and not baseline
     return {"policy": policy, "step_seconds": secs, "step_median_s": step, "attention_s_per_step": attn,
-            "instrumented_step_s": inst[0], "attention_share": attn / inst[0], "rollbacks": timer.stats["rollbacks"],
-            "rollback_rate": timer.stats["rollback_tiles"] / tiles if not stock else None}
+            "instrumented_step_s": inst[0], "attention_share": attn / inst[0] if instrument else None,
+            "rollbacks": timer.stats["rollbacks"] if gated else None,
+            "rollback_rate": timer.stats["rollback_tiles"] / tiles if gated else None, "compile": compile_info}
 
 
 def _is_self_attention(name: str, spec: ModelSpec) -> bool:
@@ -230,9 +269,18 @@ def _is_self_attention(name: str, spec: ModelSpec) -> bool:
     return "token_refiner" not in name  # HunyuanVideo: joint image+text attention in every block
 
 
+#: Baselines a speedup is reported against, when the run measured them: stock SDPA (cuDNN) BF16,
+#: FlashAttention-3 BF16, FlashAttention-3 FP8 (per-(batch, head) scales).
+BASELINES = ("bf16", "fa3", "fa3-fp8")
+
+
 def summarize(results: Dict[str, dict], steps_total: int = PAPER_STEPS, ends: int = HYBRID_ENDS) -> Dict[str, dict]:
-    """Projected ``steps_total``-step latency and speedup over bf16; hybrid from measured mxfp6/mxfp4 steps."""
+    """Projected ``steps_total``-step latency and speedups; hybrid from the measured mxfp6/mxfp4 steps.
+
+    ``speedup`` is over bf16 (stock SDPA); ``speedup_vs`` maps every baseline of :data:`BASELINES` present
+    in ``results`` to the speedup over it (baseline step / this step, both from the same run)."""
     base = results["bf16"]["step_median_s"]
+    present = [b for b in BASELINES if b in results]
     table = {}
     for name, r in results.items():
         table[name] = {"step_s": r["step_median_s"], "projected_s": r["step_median_s"] * steps_total,
@@ -244,6 +292,8 @@ def summarize(results: Dict[str, dict], steps_total: int = PAPER_STEPS, ends: in
         table["hybrid"] = {"step_s": total / steps_total, "projected_s": total, "speedup": base * steps_total / total,
                            "attention_share": None, "rollback_rate": None,
                            "note": f"{n6} mxfp6 steps + {steps_total - n6} mxfp4 steps from the measured step times"}
+    for row in table.values():
+        row["speedup_vs"] = {b: results[b]["step_median_s"] / row["step_s"] for b in present}
     return table
 
 
@@ -255,5 +305,5 @@ def flops_per_step(spec: ModelSpec) -> float:
     return 4.0 * s * s * d * h * layers * spec.calls_per_step
 
 
-__all__ = ["wan22_spec", "hunyuan_spec", "build_transformer", "make_inputs", "run_policy", "summarize",
+__all__ = ["wan22_spec", "hunyuan_spec", "build_transformer", "make_inputs", "run_policy", "summarize", "BASELINES",
            "flops_per_step", "image_tokens"]

@@ -9,7 +9,7 @@ the reason when not) and whether it can take one particular call (``unsupported(
 from __future__ import annotations
 
 import warnings
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch
@@ -22,6 +22,15 @@ class Backend:
     available: Callable[[torch.device], Optional[str]]
     unsupported: Callable[..., Optional[str]]
     slow: bool = False
+    #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
+    #: ``torch.compile`` traces (the probes themselves import modules and query the device).
+    _seen: Dict[tuple, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
+
+    def available_on(self, device: torch.device) -> Optional[str]:
+        key = (self.available, device.type, device.index)  # a replaced probe (tests) is asked again
+        if key not in self._seen:
+            self._seen[key] = self.available(device)
+        return self._seen[key]
 
 
 _REGISTRY: Dict[str, Backend] = {}
@@ -45,6 +54,7 @@ def _ensure_loaded() -> None:
     from . import emulator_backend  # noqa: F401
     from . import triton_backend  # noqa: F401
     from . import aiter_backend  # noqa: F401
+    from . import fa3_backend  # noqa: F401  (a baseline: by name only, never under "auto")
 
 
 def registered() -> Dict[str, Backend]:
@@ -53,15 +63,16 @@ def registered() -> Dict[str, Backend]:
 
 
 def warn_once(key: str, message: str) -> None:
-    """Emit ``message`` as a RuntimeWarning once per process for ``key``."""
-    if key not in _WARNED:
+    """Emit ``message`` as a RuntimeWarning once per process for ``key`` (not while ``torch.compile``
+    traces: a warning would break the graph; the eager calls of the same run emit it)."""
+    if key not in _WARNED and not torch.compiler.is_compiling():
         _WARNED.add(key)
         warnings.warn(message, RuntimeWarning, stacklevel=3)
 
 
 def availability(device: torch.device) -> Dict[str, Optional[str]]:
     """Map each backend name to ``None`` (usable on ``device``) or the reason it is not."""
-    return {name: be.available(device) for name, be in registered().items()}
+    return {name: be.available_on(device) for name, be in registered().items()}
 
 
 def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
@@ -76,7 +87,7 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
     reasons, notable = [], []
     for cand in candidates:
         be = backends[cand]
-        missing = be.available(q.device)
+        missing = be.available_on(q.device)
         why = missing or be.unsupported(q, k, v, recipe, kv_lens=kv_lens, return_lse=return_lse)
         if why is not None:
             reasons.append(f"{cand}: {why}")

@@ -14,6 +14,8 @@ def kernels_package():
     """``fsattn_diffusers.kernels``; from a source checkout on ``PYTHONPATH`` (not installed), the
     top-level ``kernels/`` folder is loaded under that name."""
     name = "fsattn_diffusers.kernels"
+    if name in sys.modules:  # a dict read (torch.compile traces it; an import call would break the graph)
+        return sys.modules[name]
     try:
         return importlib.import_module(name)
     except ModuleNotFoundError as exc:

@@ -13,7 +13,8 @@ from ..cli import UsageError
 
 NAME = "e2e"
 HELP = "time whole denoising steps of Wan2.2-T2V-A14B / HunyuanVideo at real size (random weights) per policy"
-POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
+POLICIES = ("bf16", "fa3", "fa3-fp8", "mxfp8", "mxfp6", "mxfp4")
+DEFAULT_POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
 
 
 def add_arguments(p) -> None:
@@ -23,11 +24,20 @@ def add_arguments(p) -> None:
     p.add_argument("--width", type=int, default=1280)
     p.add_argument("--steps", type=int, default=2, help="timed denoising steps per policy (after --warmup)")
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up forward calls per policy")
-    p.add_argument("--policies", default=",".join(POLICIES), help="comma-separated; bf16 is always included")
+    p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
+                   help=f"comma-separated of {', '.join(POLICIES)}; bf16 (stock SDPA) is always included; "
+                        f"fa3 / fa3-fp8 (FlashAttention-3 BF16 / FP8) need the fa3-fwd package")
+    p.add_argument("--gemms", choices=("bf16", "fp8"), default="bf16",
+                   help="fp8: the blocks' linear layers in torchao float8 (dynamic, per-row scales), every policy")
+    p.add_argument("--compile", action="store_true",
+                   help="torch.compile the repeated blocks (fullgraph where it holds), every policy")
     p.add_argument("--layers", type=int, default=None, help="override the layer count (smoke runs)")
+    p.add_argument("--text-valid", type=int, default=None,
+                   help="HunyuanVideo: valid text tokens of 256, the rest padding (default: all valid)")
     p.add_argument("--backend", default="auto")
     p.add_argument("--device", default="cuda")
     p.add_argument("--json", dest="json_path", default=None)
+    p.add_argument("--md", dest="md_path", default=None, help="markdown table (the paper's Table 6 latency columns)")
 
 
 def run(args) -> int:
@@ -39,10 +49,18 @@ def run(args) -> int:
         raise UsageError(f"unknown policy {bad[0]!r} for --policies; accepted: {', '.join(POLICIES)} "
                          f"(hybrid is projected from the measured mxfp6 and mxfp4 steps)")
     policies = ["bf16"] + [p for p in policies if p != "bf16"]
+    from ..integration.policy import get_policy
+
+    for p in policies:
+        get_policy(p)  # a baseline whose package is missing: one ValueError line, exit 2
     if args.height % 16 or args.width % 16:
         raise UsageError(f"--height/--width must be multiples of 16, got {args.height}x{args.width}")
     if args.steps < 1:
         raise UsageError(f"--steps must be at least 1, got {args.steps}")
+    if args.text_valid is not None and args.model != "hunyuan":
+        raise UsageError("--text-valid applies to --model hunyuan only (Wan's text attention is cross-attention)")
+    if args.compile and args.warmup < 1:
+        raise UsageError(f"--compile needs --warmup >= 1 (the warm-up forward compiles the blocks), got {args.warmup}")
     scale = {} if args.layers is None else ({"num_layers": args.layers} if args.model == "wan22" else
                                             {"num_layers": args.layers, "num_single_layers": args.layers})
     make = e2e.wan22_spec if args.model == "wan22" else e2e.hunyuan_spec
@@ -50,34 +68,61 @@ def run(args) -> int:
     if args.frames is not None:
         kwargs["frames"] = args.frames
     spec = make(**kwargs)
+    if args.text_valid is not None and not 1 <= args.text_valid <= spec.text_tokens:
+        raise UsageError(f"--text-valid must lie in 1..{spec.text_tokens} (HunyuanVideo's text tokens), "
+                         f"got {args.text_valid}")
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda but no CUDA device is available; accepted: a CUDA device, or --device cpu")
+    from .. import e2e_config, e2e_report
+
+    if args.gemms == "fp8":
+        why = e2e_config.fp8_gemms_refusal(device)
+        if why is not None:
+            raise UsageError(why)
     t0 = time.perf_counter()
     model = e2e.build_transformer(spec, device)
-    inputs = e2e.make_inputs(spec, device)
+    inputs = e2e.make_inputs(spec, device, text_valid=args.text_valid)
+    gemm_layers = e2e_config.quantize_fp8_gemms(model) if args.gemms == "fp8" else None
+    config = {"gemms": args.gemms, "compile": bool(args.compile)}
     print(f"{spec.name}: {e2e.image_tokens(spec)} image tokens, {spec.calls_per_step} forward(s) per step, "
-          f"built in {time.perf_counter() - t0:.0f} s", flush=True)
+          f"{e2e_report.config_label(config)}, built in {time.perf_counter() - t0:.0f} s"
+          + (f" ({gemm_layers['quantized']} linear layers in FP8)" if gemm_layers else ""), flush=True)
+    if args.compile:
+        print(f"  compiled {e2e_config.compile_blocks(model)} repeated blocks (fullgraph=True)", flush=True)
+    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
+            "python": platform.python_version(), "argv": sys.argv, "command": " ".join(["fsattn"] + sys.argv[1:]),
+            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+            "resolution": f"{args.width}x{args.height}", "config": config, "text_valid": args.text_valid,
+            "gemm_layers": gemm_layers,
+            "spec": {"name": spec.name, "latent": spec.latent, "tokens": e2e.image_tokens(spec),
+                     "calls_per_step": spec.calls_per_step, "config": spec.config}}
     results = {}
     for policy in policies:
-        results[policy] = e2e.run_policy(model, inputs, spec, policy, args.steps, args.warmup, args.backend)
+        results[policy] = e2e.run_policy(model, inputs, spec, policy, args.steps, args.warmup, args.backend,
+                                         compiled=args.compile)
         r = results[policy]
-        print(f"  {policy:<6} step {r['step_median_s']:.2f} s (attention {r['attention_s_per_step']:.2f} s, "
-              f"{100 * r['attention_share']:.0f}%), rollback rate {r['rollback_rate']}", flush=True)
+        attn = "" if r["attention_s_per_step"] is None else \
+            f" (attention {r['attention_s_per_step']:.2f} s, {100 * r['attention_share']:.0f}%)"
+        comp = "" if not r.get("compile") else \
+            f", fullgraph={r['compile']['fullgraph']} graph breaks {r['compile']['graph_breaks']}"
+        print(f"  {policy:<7} step {r['step_median_s']:.2f} s{attn}, rollback rate {r['rollback_rate']}{comp}",
+              flush=True)
+        _write(args, meta, results, e2e.summarize(results), e2e_report)  # kept after every policy
     table = e2e.summarize(results)
-    print(f"\n{'policy':<8}{'step (s)':>10}{'20 steps (s)':>14}{'speedup':>9}{'attn share':>12}{'rollback':>10}")
-    for name, row in table.items():
-        share = "-" if row["attention_share"] is None else f"{100 * row['attention_share']:.0f}%"
-        rb = "-" if row["rollback_rate"] is None else f"{row['rollback_rate']:.2e}"
-        print(f"{name:<8}{row['step_s']:>10.2f}{row['projected_s']:>14.1f}{row['speedup']:>8.3f}x{share:>12}{rb:>10}")
+    print("\n" + e2e_report.text_table(table))
     print("Excluded: text encoder, VAE decode, scheduler; hybrid = 6 mxfp6 + 14 mxfp4 measured step times.")
-    if args.json_path:
-        meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-                "python": platform.python_version(), "argv": sys.argv,
-                "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-                "spec": {"name": spec.name, "latent": spec.latent, "tokens": e2e.image_tokens(spec),
-                         "calls_per_step": spec.calls_per_step, "config": spec.config}}
-        with open(args.json_path, "w") as fh:
-            json.dump({"meta": meta, "results": results, "summary": table}, fh, indent=1, default=str)
-        print(f"wrote {args.json_path}")
+    for path in (args.json_path, args.md_path):
+        if path:
+            print(f"wrote {path}")
     return 0
+
+
+def _write(args, meta, results, table, e2e_report) -> None:
+    doc = {"meta": meta, "results": results, "summary": table}
+    if args.json_path:
+        with open(args.json_path, "w") as fh:
+            json.dump(doc, fh, indent=1, default=str)
+    if args.md_path:
+        with open(args.md_path, "w") as fh:
+            fh.write(e2e_report.markdown(doc))

@@ -13,6 +13,8 @@ Accepted specifications (:func:`get_policy`):
   (the sum), scaled proportionally to other step counts (:class:`SchedulePolicy`).
 * a mapping ``{"ends": "bf16", "middle": "mxfp4", "n_ends": 2}`` (optional ``reference_steps``).
 * a :class:`Recipe`, or a :class:`Policy`.
+* ``"fa3"`` / ``"fa3-fp8"``: baseline kernels, FlashAttention-3 BF16 / FP8 with per-(batch, head) scales
+  on every step (:data:`BASELINE_POLICIES`; needs the ``fa3-fwd`` package).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ def entry_name(entry: Entry) -> str:
 
 
 def _accepted() -> str:
-    names = ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"]
+    names = ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"] + list(BASELINE_POLICIES)
     return f"{', '.join(names)}, a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3', or {{ends, middle, n_ends}}"
 
 
@@ -64,6 +66,8 @@ class Policy:
     name = "policy"
     #: Steps assumed when the number of steps is unknown (no scheduler seen).
     reference_steps: Optional[int] = None
+    #: Backend every call runs, overriding the processor's (baseline kernels: ``fa3``); None: the processor's.
+    backend: Optional[str] = None
 
     def schedule(self, num_steps: int) -> List[Entry]:
         """One entry per step for a run of ``num_steps`` steps."""
@@ -203,6 +207,24 @@ def parse_schedule(text: str) -> SchedulePolicy:
     return SchedulePolicy(segments, name=text.replace(" ", ""))
 
 
+# -- baseline attention kernels as policies ----------------------------------------------------------
+#: Policy name -> (recipe, backend): attention kernels a user would otherwise pick, run through our
+#: processors so that sweeps and ``fsattn e2e`` compare them with the fsattn recipes.
+BASELINE_POLICIES = {"fa3": ("fa3", "fa3"), "fa3-fp8": ("fa3-fp8", "fa3")}
+
+
+def baseline_policy(name: str) -> "FixedPolicy":
+    """The fixed policy of baseline ``name`` (see :data:`BASELINE_POLICIES`); its ``backend`` attribute
+    names the kernel every call runs. One-line ValueError when the kernel's package is not importable."""
+    from ..backends import fa3_backend
+
+    recipe_name, backend = BASELINE_POLICIES[name]
+    fa3_backend.require_fa3(name)
+    policy = FixedPolicy(fa3_backend.FA3_RECIPES[recipe_name])
+    policy.backend = backend
+    return policy
+
+
 def get_policy(spec: Union[str, Recipe, Policy, Mapping, None]) -> Policy:
     """Resolve a policy specification (see the module docstring). One-line ValueError when invalid."""
     if isinstance(spec, Policy):
@@ -220,6 +242,8 @@ def get_policy(spec: Union[str, Recipe, Policy, Mapping, None]) -> Policy:
         key = text.lower()
         if key == "hybrid":
             return hybrid_policy()
+        if key in BASELINE_POLICIES:
+            return baseline_policy(key)
         if ":" in text or "," in text:
             return parse_schedule(key)
         if key in STOCK_NAMES or key in PRESETS:
@@ -241,4 +265,5 @@ def describe(policy: Policy, num_steps: int) -> List[Tuple[int, int, str]]:
 
 
 __all__ = ["Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
-           "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES"]
+           "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES", "BASELINE_POLICIES",
+           "baseline_policy"]

@@ -24,7 +24,8 @@ import torch
 
 from ..api import attention, supported_head_dim
 from ..backends import warn_once
-from .policy import Entry, entry_name, get_policy
+from ..recipe import Recipe
+from .policy import Entry, FixedPolicy, entry_name, get_policy
 from .tracker import CallRecord, StepTracker
 
 
@@ -61,7 +62,8 @@ class _FSAttnProcessorBase:
             tracker = StepTracker(record=False)
         if not isinstance(backend, str):
             raise ValueError(f"backend must be a string, got {type(backend).__name__}")
-        self.backend = backend
+        # A baseline policy (fa3, fa3-fp8) names its own kernel; fsattn policies run on ``backend``.
+        self.backend = self.policy.backend or backend
         self.tracker = tracker
         self.layer = layer
 
@@ -71,17 +73,35 @@ class _FSAttnProcessorBase:
         proc._parallel_config = self._parallel_config
         return proc
 
-    @torch.compiler.disable  # runs eagerly under torch.compile: guards see the entry, not step counters
     def _choose(self, attn) -> Entry:
-        """The entry for this call (``None`` = stock) after fallbacks, recorded in the tracker."""
+        """The entry for this call (``None`` = stock) after fallbacks, recorded in the tracker.
+
+        Under ``torch.compile`` a fixed policy is resolved inside the graph (no step is read, so there is
+        no graph break and no guard on step counters; such calls are not recorded); a policy that changes
+        with the step runs :meth:`_choose_eager` outside the graph (one graph break per call).
+        """
+        if isinstance(self.policy, FixedPolicy) and torch.compiler.is_compiling():
+            return self._fixed_entry(attn)
+        return self._choose_eager(attn)
+
+    def _fallback_note(self, attn, planned: Recipe) -> Optional[str]:
+        """Why ``planned`` cannot run on this module (head dim, context parallelism), or ``None``."""
+        note = supported_head_dim(planned, attn.inner_dim // attn.heads)
+        if note is None and self._parallel_config is not None and not self._supports_context_parallel:
+            note = f"context parallelism is not supported by {type(self).__name__}"
+        return note
+
+    def _fixed_entry(self, attn) -> Entry:
+        planned = self.policy.entry
+        return None if planned is None or self._fallback_note(attn, planned) is not None else planned
+
+    @torch.compiler.disable  # runs eagerly under torch.compile: guards see the entry, not step counters
+    def _choose_eager(self, attn) -> Entry:
         step, num_steps = self.tracker.position()
         planned = self.policy.entry_at(step, num_steps)
         entry, note = planned, None
         if planned is not None:
-            head_dim = attn.inner_dim // attn.heads
-            note = supported_head_dim(planned, head_dim)
-            if note is None and self._parallel_config is not None and not self._supports_context_parallel:
-                note = f"context parallelism is not supported by {type(self).__name__}"
+            note = self._fallback_note(attn, planned)
             if note is not None:
                 warn_once(f"integration:{type(self).__name__}:{note}",
                           f"fsattn: using stock attention instead ({note})")
@@ -190,7 +210,8 @@ def key_padding_lengths(mask: Optional[torch.Tensor], batch: int, n_keys: int):
     -------
     (lens, ok)
         ``lens`` an int64 tensor (B,) or ``None`` when every key is valid; ``ok`` False when the mask
-        is not such a key-padding prefix (the caller must then use stock attention).
+        is not such a key-padding prefix (the caller must then use stock attention). While
+        ``torch.compile`` traces, the mask is taken to be a prefix and ``lens`` is always a tensor.
     """
     if mask is None:
         return None, True
@@ -199,6 +220,10 @@ def key_padding_lengths(mask: Optional[torch.Tensor], batch: int, n_keys: int):
         return None, False
     keep = mask[:, 0, 0, :].expand(batch, n_keys)
     lens = keep.sum(dim=-1)
+    if torch.compiler.is_compiling():
+        # Inside a torch.compile graph the prefix test (data-dependent) is skipped: HunyuanVideo's transformer
+        # builds this mask from the valid-token count, a prefix by construction; the lengths carry all of it.
+        return lens.to(torch.int64), True
     prefix = torch.arange(n_keys, device=mask.device).unsqueeze(0) < lens.unsqueeze(1)
     if not torch.equal(keep, prefix):
         return None, False
