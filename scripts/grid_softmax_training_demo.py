@@ -161,7 +161,7 @@ def plot(runs, path, title):
     for i, name in enumerate(names):
         for j, r in enumerate(x for x in runs if x["variant"] == name):
             c = r["curve"]
-            style = dict(color=cmap(i % 10), lw=1.6, alpha=0.9, ls="-" if j == 0 else "--",
+            style = dict(color=cmap(i % 10), lw=1.5, alpha=0.85, ls=("-", "--", ":", "-.")[j % 4],
                          label=name if j == 0 else None)
             axes[0].plot(c["step"], c["eval_loss"], **style)
             axes[1].plot(c["step"], c["eval_acc"], **style)
@@ -177,9 +177,17 @@ def plot(runs, path, title):
     fig.savefig(path, dpi=110)
 
 
+def _title(meta):
+    m, o, t = meta["model"], meta["optim"], meta["task"]
+    return (f"Tiny transformer ({m['layers']} layers x {m['width']}, {m['heads']} heads), associative recall "
+            f"({t['pairs']} pairs, {t['queries']} queries), {o['steps']} steps; seeds {meta['seeds']} = solid, dashed, "
+            f"dotted; {meta['date_utc'][:10]}, torch {meta['torch']}, CPU")
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--out", required=True, help="output path without extension (.json and .png are written)")
+    ap.add_argument("--replot", action="store_true", help="redraw <out>.png from an existing <out>.json; no training")
     ap.add_argument("--variants", default=",".join(VARIANTS), help="comma-separated names from: " + ", ".join(VARIANTS))
     ap.add_argument("--seeds", default="0", help="comma-separated seeds (init and data)")
     ap.add_argument("--steps", type=int, default=800)
@@ -205,6 +213,16 @@ def main(argv=None):
     except ValueError:
         print(f"error: --seeds {args.seeds!r} is not a comma-separated list of integers", file=sys.stderr)
         return 2
+    if args.replot:
+        try:
+            with open(args.out + ".json") as fh:
+                saved = json.load(fh)
+        except (OSError, ValueError) as exc:
+            print(f"error: cannot read {args.out}.json ({exc})", file=sys.stderr)
+            return 2
+        plot(saved["runs"], args.out + ".png", _title(saved["meta"]))
+        print(f"wrote {args.out}.png")
+        return 0
     torch.set_num_threads(args.threads)
     t0 = time.perf_counter()
     runs = [train_one(n, VARIANTS[n], args, s) for s in seeds for n in names]
@@ -229,8 +247,7 @@ def main(argv=None):
     }
     with open(args.out + ".json", "w") as fh:
         json.dump({"meta": meta, "summary_final": summary, "runs": runs}, fh, indent=1)
-    plot(runs, args.out + ".png", f"Tiny transformer ({args.layers}x{args.width}, {args.heads} heads), associative "
-         f"recall, {args.steps} steps, seeds {seeds} (solid = first seed); {meta['date_utc'][:10]}, torch {torch.__version__}, CPU")
+    plot(runs, args.out + ".png", _title(meta))
     print(f"wrote {args.out}.json and .png ({meta['total_seconds']:.0f} s)")
     return 0
 
