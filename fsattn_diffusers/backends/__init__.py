@@ -8,7 +8,6 @@ the reason when not) and whether it can take one particular call (``unsupported(
 
 from __future__ import annotations
 
-import warnings
 from dataclasses import dataclass
 from typing import Callable, Dict, List, Optional
 
@@ -53,10 +52,13 @@ def registered() -> Dict[str, Backend]:
 
 
 def warn_once(key: str, message: str) -> None:
-    """Emit ``message`` as a RuntimeWarning once per process for ``key``."""
+    """Emit ``message`` once per process for ``key``, as an :class:`~fsattn_diffusers.notices.FSAttnWarning`
+    (a RuntimeWarning) attributed to the user's code, not to an fsattn source line."""
     if key not in _WARNED:
         _WARNED.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        from ..notices import warn
+
+        warn(message)
 
 
 def availability(device: torch.device) -> Dict[str, Optional[str]]:
