@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import sys
 from typing import Optional, Sequence
 
 from .settings import RunSettings, configure_scheduler
@@ -20,8 +21,21 @@ def run(settings: RunSettings, argv: Optional[Sequence[str]] = None) -> int:
     parser.add_argument("--offload", action="store_true", help="enable_model_cpu_offload (less GPU memory)")
     args = parser.parse_args(argv)
 
+    from fsattn_diffusers.notices import one_line_warnings, quiet_third_party
+
+    try:  # bad input (model, policy, backend) is one line and exit code 2, like the fsattn commands
+        with one_line_warnings(parser.prog), quiet_third_party():
+            return _generate(settings, args)
+    except ValueError as exc:
+        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+        return 2
+
+
+def _generate(settings: RunSettings, args) -> int:
+    from fsattn_diffusers.integration.policy import get_policy
     from fsattn_diffusers.integration.runner import default_device, generate_video, load_pipeline
 
+    get_policy(args.policy)  # before the weights load
     device = default_device()
     pipe = load_pipeline(args.model, device=device)
     configure_scheduler(pipe, settings)

@@ -77,12 +77,10 @@ def _validate(args):
 def _device_and_dtype(args):
     import torch
 
+    from ..cli import usable_device
     from ..integration.runner import default_device
 
-    try:
-        device = torch.device(args.device) if args.device else default_device()
-    except RuntimeError as exc:
-        raise UsageError(f"bad --device {args.device!r} ({exc})") from None
+    device = usable_device(args.device) if args.device else default_device()
     if args.offload and device.type == "cpu":
         raise UsageError("--offload moves models between the CPU and a GPU; it needs --device cuda (or another GPU)")
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
