@@ -32,13 +32,13 @@ class FSAttnWarning(RuntimeWarning):
 
 
 def caller_stacklevel() -> int:
-    """``stacklevel`` for a ``warnings.warn`` made by the caller of this function's caller.
+    """``stacklevel`` for the ``warnings.warn`` call of the function that calls this one.
 
-    Counts frames outward from that ``warnings.warn`` call until one belongs to a module outside
+    Counts frames outward from that function until one belongs to a module outside
     :data:`_LIBRARY_ROOTS` (the user's script or notebook cell); the outermost frame when all are inside.
     """
-    frame = sys._getframe(2)  # the function that calls warnings.warn
-    level, outermost = 1, 1
+    frame = sys._getframe(2)  # the caller of that function (stacklevel 2)
+    level, outermost = 2, 2  # level 1 is the frame of the function that calls warnings.warn
     while frame is not None:
         if not _inside(frame):
             return level

@@ -32,10 +32,10 @@ def run(settings: RunSettings, argv: Optional[Sequence[str]] = None) -> int:
 
 
 def _generate(settings: RunSettings, args) -> int:
-    from fsattn_diffusers.integration.policy import get_policy
+    from fsattn_diffusers.integration.policy import get_policy, schedule_line
     from fsattn_diffusers.integration.runner import default_device, generate_video, load_pipeline
 
-    get_policy(args.policy)  # before the weights load
+    policy = get_policy(args.policy)  # before the weights load
     device = default_device()
     pipe = load_pipeline(args.model, device=device)
     configure_scheduler(pipe, settings)
@@ -45,11 +45,12 @@ def _generate(settings: RunSettings, args) -> int:
         pipe.to(device)
     if hasattr(pipe.vae, "enable_tiling"):
         pipe.vae.enable_tiling()
+    print(f"schedule {schedule_line(policy, settings.steps)}", file=sys.stderr)
     result = generate_video(pipe, args.prompt, out=args.out, height=settings.height, width=settings.width,
                             num_frames=settings.num_frames, steps=settings.steps,
                             guidance_scale=settings.guidance_scale, guidance_scale_2=settings.guidance_scale_2,
                             negative_prompt=settings.negative_prompt, seed=args.seed, fps=settings.fps,
-                            policy=args.policy, backend=args.backend)
+                            policy=policy, backend=args.backend)
     print(f"wrote {result.path} ({result.num_frames} frames {result.width}x{result.height}, "
           f"{result.seconds:.1f} s)")
     print("\n".join(result.summary))

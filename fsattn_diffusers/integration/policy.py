@@ -335,5 +335,17 @@ def describe(policy: Policy, num_steps: int) -> List[Tuple[int, int, str]]:
     return runs
 
 
-__all__ = ["Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
+def schedule_line(policy: Policy, num_steps: int) -> str:
+    """One line saying what ``policy`` runs at ``num_steps`` steps, e.g.
+    ``"hybrid at 4 steps: step 0 mxfp6, steps 1-2 mxfp4, step 3 mxfp6 (defined for 20 steps, scaled)"``."""
+    runs = ", ".join(f"step {a} {name}" if a == b else f"steps {a}-{b} {name}"
+                     for a, b, name in describe(policy, num_steps))
+    text = f"{policy.name} at {num_steps} step{'s' if num_steps != 1 else ''}: {runs}"
+    ref = None if policy.is_fixed else policy.reference_steps
+    if ref is not None and ref != num_steps and (isinstance(policy, SchedulePolicy) or getattr(policy, "_scaled", 0)):
+        text += f" (defined for {ref} steps, scaled)"
+    return text
+
+
+__all__ = ["schedule_line", "Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
            "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES"]
