@@ -34,10 +34,10 @@ def _version(mod: str, must_import: bool) -> str:
         return "not installed"
     error, notes = import_report(mod)
     if error is not None:
-        return f"{version or 'installed'}: installed but fails to import ({_one_line(error)})"
+        return f"{version + ': ' if version else ''}installed but fails to import ({_one_line(error)})"
     failed = [n for n in notes if n.startswith("Failed to load")]
     if failed:  # torchao: its C++ extensions built for another torch / Python / CUDA
-        return (f"{version or 'installed'}: imports, but {len(failed)} of its C++ extensions fail to load "
+        return (f"{version + ': ' if version else ''}imports, but {len(failed)} of its C++ extensions fail to load "
                 f"({_short(failed[0][len('Failed to load '):])})")
     return version or "installed"
 
