@@ -72,21 +72,23 @@ def _largest_remainder(shares: Sequence[float], total: int) -> List[int]:
     return counts
 
 
-def _symmetric(shares: Sequence[float], total: int) -> Optional[List[int]]:
-    """Palindromic counts, each its share rounded down or up (the middle one within one step); ``None``
-    when no such rounding exists (an even number of segments and an odd total)."""
+def _symmetric(shares: Sequence[float], adjusted: Sequence[float], total: int, low: int) -> Optional[List[int]]:
+    """Palindromic counts for a palindromic schedule, or ``None`` when none exists (an even number of
+    segments and an odd total). Each outer segment takes its ``adjusted`` share rounded down or up (at
+    least ``low``), the middle segment the rest; the choice closest to ``shares`` wins (smallest largest
+    deviation, then smallest squared deviations, then more steps on the outer segments)."""
     k = len(shares)
     half = k // 2
     if half > 12:  # 2**12 candidates at most
         return None
+    options = [sorted({max(low, int(math.floor(a + 1e-9))), max(low, int(math.ceil(a - 1e-9)))})
+               for a in adjusted[:half]]
     best, best_key = None, None
-    for picks in itertools.product((0, 1), repeat=half):
-        first = [int(math.floor(shares[i] + 1e-9)) + p for i, p in enumerate(picks)]
-        if any(abs(c - shares[i]) >= 1 - 1e-9 for i, c in enumerate(first)):
-            continue  # an integer share: only its floor
+    for first in itertools.product(*options):
+        first = list(first)
         rest = total - 2 * sum(first)
         if k % 2:
-            if rest < 0 or abs(rest - shares[half]) > 1 + 1e-9:
+            if rest < low:
                 continue
             counts = first + [rest] + first[::-1]
         elif rest != 0:
@@ -110,8 +112,8 @@ def apportion(reference: Sequence[int], num_steps: int, palindrome: bool = False
     num_steps : int
         Steps of the run.
     palindrome : bool
-        The schedule reads the same backwards: return palindromic counts whenever one exists within
-        the rule below (not for an even K with an odd ``num_steps``).
+        The schedule reads the same backwards: return palindromic counts whenever any exist (not for
+        an even K with an odd ``num_steps``); the middle segment takes what the mirrored pairs leave.
 
     Returns
     -------
@@ -133,16 +135,16 @@ def apportion(reference: Sequence[int], num_steps: int, palindrome: bool = False
         if not small:
             break
         fixed.update({i: 1 for i in small})
+    if palindrome:
+        adjusted = [1.0 if i in fixed else shares[i] for i in range(k)]
+        counts = _symmetric([c * num_steps / ref for c in reference], adjusted, num_steps,
+                            1 if num_steps >= k else 0)
+        if counts is not None:
+            return counts
     if not free:
         return [fixed[i] for i in range(k)]
-    share_list = [shares[i] for i in free]
-    counts = None
-    if palindrome:
-        counts = _symmetric(share_list, left)
-    if counts is None:
-        counts = _largest_remainder(share_list, left)
     out = dict(fixed)
-    out.update(zip(free, counts))
+    out.update(zip(free, _largest_remainder([shares[i] for i in free], left)))
     return [out[i] for i in range(k)]
 
 
