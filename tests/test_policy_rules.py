@@ -7,8 +7,11 @@ import pytest
 import torch
 
 import fsattn_diffusers
-from fsattn_diffusers.integration.policy import apportion, get_policy, hybrid_policy, schedule_line
-from fsattn_diffusers.notices import FSAttnWarning
+from fsattn_diffusers.integration.policy import get_policy, hybrid_policy
+
+#: fsattn warnings are RuntimeWarnings (``fsattn_diffusers.notices.FSAttnWarning``).
+FSAttnWarning = RuntimeWarning
+NAMES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
 
 
 def _shares(reference, n):
@@ -16,15 +19,17 @@ def _shares(reference, n):
 
 
 def _random_schedules(count, seed=0):
+    """``(names, steps)`` per schedule; about half of them symmetric."""
     rng = random.Random(seed)
     out = []
     for _ in range(count):
         k = rng.randint(1, 7)
         ref = [rng.randint(1, 20) for _ in range(k)]
+        names = [rng.choice(NAMES) for _ in range(k)]
         if rng.random() < 0.5:  # a symmetric one
-            half = ref[: (k + 1) // 2]
-            ref = half + half[: k // 2][::-1]
-        out.append(ref)
+            ref = ref[: (k + 1) // 2] + ref[: k // 2][::-1]
+            names = names[: (k + 1) // 2] + names[: k // 2][::-1]
+        out.append((names, ref))
     return out
 
 
@@ -40,11 +45,12 @@ def test_brief_example_stays_symmetric_and_within_one_step():
 def test_apportion_properties_over_many_schedules():
     worst = 0.0
     checked = 0
-    for ref in _random_schedules(400):
+    for names, ref in _random_schedules(400):
         k = len(ref)
-        palindrome = k > 1 and ref == ref[::-1]
+        palindrome = k > 1 and list(zip(names, ref)) == list(zip(names, ref))[::-1]
+        policy = get_policy(",".join(f"{a}:{c}" for a, c in zip(names, ref)))
         for n in range(1, 61):
-            counts = apportion(ref, n, palindrome=palindrome)
+            counts = policy.counts(n)
             assert sum(counts) == n and all(c >= 0 for c in counts), (ref, n, counts)
             if n >= k:
                 assert min(counts) >= 1, (ref, n, counts)
@@ -97,6 +103,8 @@ def test_n_ends_beyond_the_run_warns_once():
 
 
 def test_schedule_line_says_what_hybrid_resolves_to():
+    from fsattn_diffusers.integration.policy import schedule_line
+
     line = schedule_line(get_policy("hybrid"), 2)
     print(line)
     assert line == "hybrid at 2 steps: steps 0-1 mxfp6 (defined for 20 steps, scaled)"
