@@ -23,22 +23,31 @@ def run(settings: RunSettings, argv: Optional[Sequence[str]] = None) -> int:
 
     from fsattn_diffusers.notices import one_line_warnings, quiet_third_party
 
-    try:  # bad input (model, policy, backend) is one line and exit code 2, like the fsattn commands
-        with one_line_warnings(parser.prog), quiet_third_party():
-            return _generate(settings, args)
-    except ValueError as exc:
-        print(f"{parser.prog}: error: {exc}", file=sys.stderr)
-        return 2
+    with one_line_warnings(parser.prog), quiet_third_party():
+        try:  # bad input (policy, model) is one line and exit code 2, like the fsattn commands
+            policy, pipe, device = _load(settings, args)
+        except ValueError as exc:
+            print(f"{parser.prog}: error: {exc}", file=sys.stderr)
+            return 2
+        return _generate(settings, args, policy, pipe, device)
 
 
-def _generate(settings: RunSettings, args) -> int:
-    from fsattn_diffusers.integration.policy import get_policy, schedule_line
-    from fsattn_diffusers.integration.runner import default_device, generate_video, load_pipeline
+def _load(settings: RunSettings, args):
+    """The policy (checked before any weights load), the pipeline and the device."""
+    from fsattn_diffusers.integration.policy import get_policy
+    from fsattn_diffusers.integration.runner import default_device, load_pipeline
 
-    policy = get_policy(args.policy)  # before the weights load
+    policy = get_policy(args.policy)
     device = default_device()
     pipe = load_pipeline(args.model, device=device)
     configure_scheduler(pipe, settings)
+    return policy, pipe, device
+
+
+def _generate(settings: RunSettings, args, policy, pipe, device) -> int:
+    from fsattn_diffusers.integration.policy import schedule_line
+    from fsattn_diffusers.integration.runner import generate_video
+
     if args.offload:
         pipe.enable_model_cpu_offload()
     else:
