@@ -5,8 +5,8 @@
   so Python's warning line names the user's code, never an fsattn source line.
 * :func:`one_line_warnings` (used by the command-line tools) prints fsattn warnings as one line
   ``"<prog>: warning: <message>"`` above a running progress bar.
-* :func:`quiet_third_party` raises the level of a few named third-party loggers whose import-time
-  messages are not about the user's command (torchao's C++ extensions that do not load on a CPU-only or
+* :func:`quiet_third_party` keeps the warnings of a few named third-party loggers (collected, not
+  printed) whose import-time messages are not about the user's command (torchao's C++ extensions that do not load on a CPU-only or
   other-version torch, torch's pytree deprecation notes about torchao's enums, diffusers' note that
   torchao's tensor classes could not be imported); :func:`import_report` says what they reported.
 """
@@ -96,7 +96,8 @@ class _Collect(logging.Handler):
 
 @contextlib.contextmanager
 def quiet_third_party(collect: Optional[List[Tuple[str, str]]] = None) -> Iterator[None]:
-    """Silence WARNING records of :data:`THIRD_PARTY_LOGGERS` inside; errors still print.
+    """Inside, WARNING records of :data:`THIRD_PARTY_LOGGERS` are collected instead of printed; ERROR and
+    above are passed on (printed as usual) on the way out.
 
     ``collect``, when given, receives ``(logger name, message)`` of every silenced record.
     """
