@@ -33,11 +33,29 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def usable_device(text: str):
+    """``torch.device(text)`` after allocating on it; :class:`UsageError` (one line) when it is not usable here."""
+    import torch
+
+    try:
+        device = torch.device(text)
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError, ValueError) as exc:
+        reason = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise UsageError(f"--device {text!r} is not usable here ({reason}); accepted: cpu"
+                         f"{', cuda' if torch.cuda.is_available() else ''} or another device this torch has") from None
+    return device
+
+
 def main(argv=None) -> int:
+    from .notices import one_line_warnings, quiet_third_party
+
     parser = build_parser()
     args = parser.parse_args(argv)
     try:
-        return int(args._run(args) or 0)
+        # fsattn warnings print as one line; torchao's import-time notes (via diffusers) stay out of the output
+        with one_line_warnings(f"fsattn {args.command}"), quiet_third_party():
+            return int(args._run(args) or 0)
     except UsageError as exc:
         print(f"fsattn {args.command}: error: {exc}", file=sys.stderr)
         return 2

@@ -63,11 +63,14 @@ def registered() -> Dict[str, Backend]:
 
 
 def warn_once(key: str, message: str) -> None:
-    """Emit ``message`` as a RuntimeWarning once per process for ``key`` (not while ``torch.compile``
-    traces: a warning would break the graph; the eager calls of the same run emit it)."""
+    """Emit ``message`` once per process for ``key``, as an :class:`~fsattn_diffusers.notices.FSAttnWarning`
+    (a RuntimeWarning) attributed to the user's code, not to an fsattn source line; not while ``torch.compile``
+    traces (a warning would break the graph; the eager calls of the same run emit it)."""
     if key not in _WARNED and not torch.compiler.is_compiling():
         _WARNED.add(key)
-        warnings.warn(message, RuntimeWarning, stacklevel=3)
+        from ..notices import warn
+
+        warn(message)
 
 
 def availability(device: torch.device) -> Dict[str, Optional[str]]:

@@ -77,12 +77,10 @@ def _validate(args):
 def _device_and_dtype(args):
     import torch
 
+    from ..cli import usable_device
     from ..integration.runner import default_device
 
-    try:
-        device = torch.device(args.device) if args.device else default_device()
-    except RuntimeError as exc:
-        raise UsageError(f"bad --device {args.device!r} ({exc})") from None
+    device = usable_device(args.device) if args.device else default_device()
     if args.offload and device.type == "cpu":
         raise UsageError("--offload moves models between the CPU and a GPU; it needs --device cuda (or another GPU)")
     dtype = None if args.dtype == "auto" else getattr(torch, args.dtype)
@@ -106,6 +104,7 @@ def run(args) -> int:
 
 
 def _run(args, policy, device, dtype) -> int:
+    from ..integration.policy import schedule_line
     from ..integration.runner import LoadError, check_model, generate_video, load_pipeline
     from ..integration.tiny import SMOKE_NOTE, tiny_wan22_pipeline
     from ..pipelines.settings import TINY_WAN22, configure_scheduler, settings_for
@@ -133,6 +132,7 @@ def _run(args, policy, device, dtype) -> int:
                                 negative_prompt=args.negative_prompt)
     print(f"fsattn generate: {s.name}, {s.num_frames} frames {s.width}x{s.height}, {s.steps} steps, "
           f"policy {policy.name}, backend {args.backend}, seed {args.seed}", file=sys.stderr)
+    print(f"fsattn generate: schedule {schedule_line(policy, s.steps)}", file=sys.stderr)
     result = generate_video(pipe, args.prompt, out=args.out, height=s.height, width=s.width,
                             num_frames=s.num_frames, steps=s.steps, guidance_scale=s.guidance_scale,
                             guidance_scale_2=s.guidance_scale_2, negative_prompt=s.negative_prompt,

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import platform
+import re
 
 import torch
 
@@ -16,31 +18,49 @@ def add_arguments(p) -> None:
 
 
 def _version(mod: str, must_import: bool) -> str:
-    """Installed version; ``must_import`` also imports it (xfuser, for one, refuses a CPU-only torch)."""
+    """Installed version; ``must_import`` also imports it (xfuser, for one, refuses a CPU-only torch) and
+    says when an installed package fails to import or logs that parts of it failed to load."""
     from importlib import metadata
+
+    from ..notices import import_report
 
     try:
         version = metadata.version({"aiter": "amd-aiter"}.get(mod, mod))
     except metadata.PackageNotFoundError:
         version = None  # AITER built from source may carry no distribution metadata
-    if must_import:
-        try:
-            importlib.import_module(mod)
-        except ModuleNotFoundError:
-            return "not installed" if version is None else f"{version}, not importable"
-        except Exception as exc:  # noqa: BLE001 - report whatever stops the import
-            return f"{version or 'installed'}, not usable ({type(exc).__name__})"
-        return version or "installed"
-    return version or "not installed"
+    if not must_import:
+        return version or "not installed"
+    if version is None and importlib.util.find_spec(mod) is None:
+        return "not installed"
+    error, notes = import_report(mod)
+    if error is not None:
+        return f"{version + ': ' if version else ''}installed but fails to import ({_one_line(error)})"
+    failed = [n for n in notes if n.startswith("Failed to load")]
+    if failed:  # torchao: its C++ extensions built for another torch / Python / CUDA
+        return (f"{version + ': ' if version else ''}imports, but {len(failed)} of its C++ extensions fail to load "
+                f"({_short(failed[0][len('Failed to load '):])})")
+    return version or "installed"
+
+
+def _short(text: str, limit: int = 140) -> str:
+    """``text`` on one line with directories dropped from paths, cut to ``limit`` characters."""
+    text = re.sub(r"(?<![\w.])/(?:[^\s/:]+/)+", "", " ".join(text.split()))
+    return text if len(text) <= limit else text[:limit - 3] + "..."
+
+
+def _one_line(exc: BaseException) -> str:
+    return _short(f"{type(exc).__name__}: {exc}")
 
 
 def run(args) -> int:
     from .. import __version__
     from ..backends import availability
+    from ..cli import usable_device
 
+    device = usable_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"fsattn-diffusers {__version__}  python {platform.python_version()}  torch {torch.__version__}")
     for mod, must_import in (("triton", True), ("diffusers", False), ("transformers", False), ("xfuser", True),
-                             ("aiter", True), ("torchao", False)):
+                             ("aiter", True), ("torchao", True)):
         print(f"  {mod:<13}{_version(mod, must_import)}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
@@ -48,7 +68,6 @@ def run(args) -> int:
             print(f"  cuda:{i}       {torch.cuda.get_device_name(i)} (sm_{cap[0]}{cap[1]})")
     else:
         print("  cuda         no CUDA device")
-    device = torch.device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"backends for {device}:")
     for name, why in availability(device).items():
         print(f"  {name:<10}{'usable' if why is None else 'not usable: ' + why}")

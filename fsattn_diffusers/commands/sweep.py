@@ -98,6 +98,11 @@ def run(args) -> int:
     print(f"fsattn sweep: {len(prompts)} prompt(s) x {len(policies)} policies "
           f"({', '.join(p.label for p in policies)}); {spec.num_frames} frames {spec.width}x{spec.height}, "
           f"{spec.steps} steps, seed {spec.seed} -> {args.out}", file=sys.stderr)
+    from ..integration.policy import schedule_line
+
+    for item in policies:
+        if item.label != "bf16":  # once per policy: what it resolves to at this step count
+            print(f"fsattn sweep: schedule {schedule_line(item.policy, spec.steps)}", file=sys.stderr)
     result = run_sweep(pipe, spec, prompts, policies, args.out, every=args.every, lpips=lpips,
                        grid_frames=args.grid_frames, warmup=not args.no_warmup)
     reused = sum(1 for r in result.rows if r.reused)

@@ -53,13 +53,19 @@ def _transformers_of(pipe) -> List[Tuple[str, torch.nn.Module]]:
 
 @dataclass
 class FSAttnHandle:
-    """What :func:`apply` installed; ``records`` holds the per-call records of the latest run."""
+    """What :func:`apply` installed; ``records`` holds the per-call records of the latest run.
+
+    ``active`` turns False when :func:`remove` restores the stock processors or a later :func:`apply`
+    replaces this installation; the handle then keeps the records it had and records nothing more.
+    """
 
     policy: Policy
     backend: str
     tracker: StepTracker
     #: transformer name -> [(module name, module, stock processor)]
     saved: Dict[str, List[Tuple[str, torch.nn.Module, object]]] = field(default_factory=dict)
+    #: False once removed or replaced (no more records).
+    active: bool = True
 
     @property
     def records(self) -> List[CallRecord]:
@@ -142,9 +148,18 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
     -------
     FSAttnHandle
         Also stored on ``pipe``; :func:`remove` restores the stock processors. Applying again
-        replaces the previous installation.
+        replaces the previous installation and warns once (an
+        :class:`~fsattn_diffusers.notices.FSAttnWarning`): the earlier handle becomes inactive
+        (``handle.active`` is False) and records nothing more; use the handle this call returns.
     """
     policy = get_policy(policy)
+    previous = installed(pipe)
+    if previous is not None:
+        from ..notices import warn
+
+        warn(f"fsattn: apply() replaces the installation of policy {previous.policy.name} on this "
+             f"{type(pipe).__name__}; its handle stops recording, use the handle this call returns "
+             f"(call fsattn_diffusers.remove(pipe) first to avoid this warning)")
     remove(pipe)
     tracker = StepTracker(record=record)
     handle = FSAttnHandle(policy=policy, backend=backend, tracker=tracker)
@@ -177,6 +192,7 @@ def remove(pipe) -> bool:
         for _, module, stock in entries:
             _swap_processor(module, stock)
     handle.tracker.detach()
+    handle.active = False
     object.__delattr__(pipe, _HANDLE_ATTR)
     return True
 

@@ -15,11 +15,16 @@ Accepted specifications (:func:`get_policy`):
 * a :class:`Recipe`, or a :class:`Policy`.
 * ``"fa3"`` / ``"fa3-fp8"``: baseline kernels, FlashAttention-3 BF16 / FP8 with per-(batch, head) scales
   on every step (:data:`BASELINE_POLICIES`; needs the ``fa3-fwd`` package).
+
+``None`` is refused with a ValueError: pass ``"bf16"`` for stock attention (``apply`` defaults to
+``"hybrid"``).
 """
 
 from __future__ import annotations
 
+import itertools
 import math
+import re
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..recipe import PRESETS, Recipe, get_recipe
@@ -58,6 +63,92 @@ def parse_entry(spec) -> Entry:
 
 def _round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5))
+
+
+def _largest_remainder(shares: Sequence[float], total: int) -> List[int]:
+    """Floors plus one step for the largest fractional parts (earlier segment first on ties)."""
+    counts = [int(math.floor(x + 1e-9)) for x in shares]
+    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - counts[i]), i))
+    for i in order[:max(total - sum(counts), 0)]:
+        counts[i] += 1
+    return counts
+
+
+def _symmetric(shares: Sequence[float], adjusted: Sequence[float], total: int, low: int) -> Optional[List[int]]:
+    """Palindromic counts for a palindromic schedule, or ``None`` when none exists (an even number of
+    segments and an odd total). Each outer segment takes its ``adjusted`` share rounded down or up (at
+    least ``low``), the middle segment the rest; the choice closest to ``shares`` wins (smallest largest
+    deviation, then smallest squared deviations, then more steps on the outer segments)."""
+    k = len(shares)
+    half = k // 2
+    if half > 12:  # 2**12 candidates at most
+        return None
+    options = [sorted({max(low, int(math.floor(a + 1e-9))), max(low, int(math.ceil(a - 1e-9)))})
+               for a in adjusted[:half]]
+    best, best_key = None, None
+    for first in itertools.product(*options):
+        first = list(first)
+        rest = total - 2 * sum(first)
+        if k % 2:
+            if rest < low:
+                continue
+            counts = first + [rest] + first[::-1]
+        elif rest != 0:
+            continue
+        else:
+            counts = first + first[::-1]
+        devs = [abs(c - x) for c, x in zip(counts, shares)]
+        key = (round(max(devs), 9), round(sum(d * d for d in devs), 9), [-c for c in first])
+        if best_key is None or key < best_key:
+            best, best_key = counts, key
+    return best
+
+
+def apportion(reference: Sequence[int], num_steps: int, palindrome: bool = False) -> List[int]:
+    """Split ``num_steps`` over segments of ``reference`` steps in proportion to them.
+
+    Parameters
+    ----------
+    reference : sequence of int (K,)
+        Steps of each segment in the schedule as written (their sum is the reference length).
+    num_steps : int
+        Steps of the run.
+    palindrome : bool
+        The schedule reads the same backwards: return palindromic counts whenever any exist (not for
+        an even K with an odd ``num_steps``); the middle segment takes what the mirrored pairs leave.
+
+    Returns
+    -------
+    list of int (K,)
+        Counts summing to ``num_steps``. While ``num_steps >= K`` every segment keeps at least one step
+        (a segment whose share is below one step gets one, the others share the rest); every other
+        segment gets its share rounded down or up (largest remainder, earlier segment first on ties),
+        so it stays within one step of its share (the middle segment of a symmetric schedule: at most
+        one step). A share is ``reference[i] * num_steps / sum(reference)``.
+    """
+    k, ref = len(reference), sum(reference)
+    fixed: dict = {}
+    while True:  # segments below one step get one while there are enough steps
+        free = [i for i in range(k) if i not in fixed]
+        left = num_steps - len(fixed)
+        weight = sum(reference[i] for i in free)
+        shares = {i: reference[i] * left / weight for i in free} if free and weight else {}
+        small = [i for i in free if shares[i] < 1] if num_steps >= k else []
+        if not small:
+            break
+        fixed.update({i: 1 for i in small})
+    if palindrome:
+        adjusted = [1.0 if i in fixed else shares[i] for i in range(k)]
+        counts = _symmetric([c * num_steps / ref for c in reference], adjusted, num_steps,
+                            1 if num_steps >= k else 0)
+        if counts is not None:
+            return counts
+    if not free:
+        return [fixed[i] for i in range(k)]
+    out = dict(fixed)
+    out.update(zip(free, _largest_remainder([shares[i] for i in free], left)))
+    return [out[i] for i in range(k)]
+
 
 
 class Policy:
@@ -117,9 +208,10 @@ class FixedPolicy(Policy):
 class SchedulePolicy(Policy):
     """Segments ``[(entry, steps), ...]`` in step order, defined for ``sum(steps)`` steps.
 
-    For another step count each segment scales proportionally (rounded half up), keeps at least one
-    step while there are enough steps, and the longest segment absorbs the rounding difference, so a
-    symmetric schedule stays symmetric.
+    For another step count the segments are apportioned by :func:`apportion`: each keeps at least one
+    step while there are at least as many steps as segments, every segment whose share is at least one
+    step gets its share rounded down or up (so it stays within one step of it), and a symmetric
+    schedule (``"bf16:1,mxfp6:2,mxfp4:14,mxfp6:2,bf16:1"``) stays symmetric.
     """
 
     def __init__(self, segments: Sequence[Tuple[object, int]], name: Optional[str] = None):
@@ -135,18 +227,12 @@ class SchedulePolicy(Policy):
         self.name = name or ",".join(f"{entry_name(e)}:{c}" for e, c in parsed)
 
     def counts(self, num_steps: int) -> List[int]:
-        """Steps per segment for a run of ``num_steps`` steps."""
-        ref = self.reference_steps
-        counts = [_round_half_up(c * num_steps / ref) for _, c in self.segments]
-        if num_steps >= len(counts):
-            counts = [max(c, 1) for c in counts]
-        while sum(counts) != num_steps:  # settle rounding on the longest segment
-            grow = sum(counts) < num_steps
-            floor = 1 if num_steps >= len(counts) else 0
-            candidates = [i for i, c in enumerate(counts) if grow or c > floor]
-            j = max(candidates, key=lambda i: counts[i])
-            counts[j] += 1 if grow else -1
-        return counts
+        """Steps per segment for a run of ``num_steps`` steps (see :func:`apportion`)."""
+        return apportion([c for _, c in self.segments], num_steps, palindrome=self._is_palindrome())
+
+    def _is_palindrome(self) -> bool:
+        keys = [(entry_name(e), c) for e, c in self.segments]
+        return len(keys) > 1 and keys == keys[::-1]
 
     def schedule(self, num_steps: int) -> List[Entry]:
         plan: List[Entry] = []
@@ -160,7 +246,8 @@ class EndsPolicy(Policy):
 
     With ``reference_steps`` the number of end steps scales with the run:
     ``round(n_ends * num_steps / reference_steps)``, at least 1 when ``n_ends >= 1``, and at most half
-    the run (rounded up, so a 1-step run uses ``ends``). Without it, ``n_ends`` is absolute.
+    the run (rounded up, so a 1-step run uses ``ends``). Without it, ``n_ends`` is absolute; a run too
+    short for a middle step then uses ``ends`` only and warns once (:class:`~fsattn_diffusers.notices.FSAttnWarning`).
     """
 
     def __init__(self, ends="mxfp6", middle="mxfp4", n_ends: int = HYBRID_N_ENDS,
@@ -186,6 +273,12 @@ class EndsPolicy(Policy):
 
     def schedule(self, num_steps: int) -> List[Entry]:
         n = self.n_end_steps(num_steps)
+        if not self._scaled and self.n_ends >= 1 and 2 * n >= num_steps and self.middle is not self.ends:
+            from ..notices import warn
+
+            warn(f"fsattn: policy {self.name}: n_ends={self.n_ends} end steps on each side cover all {num_steps} "
+                 f"steps, so middle={entry_name(self.middle)} never runs; accepted: n_ends < {num_steps / 2:g}, "
+                 f"or reference_steps to scale n_ends with the run")
         return [self.ends if (i < n or i >= num_steps - n) else self.middle for i in range(num_steps)]
 
 
@@ -200,7 +293,7 @@ def parse_schedule(text: str) -> SchedulePolicy:
     segments = []
     for part in text.split(","):
         name, sep, count = part.strip().partition(":")
-        if not sep or not name.strip() or not count.strip().isdigit() or int(count) < 1:
+        if not sep or not name.strip() or not re.fullmatch(r"[0-9]+", count.strip()) or int(count) < 1:
             raise ValueError(f"bad schedule {text!r}: segment {part.strip()!r} is not NAME:STEPS with STEPS >= 1; "
                              f"accepted: {_accepted()}")
         segments.append((name.strip(), int(count)))
@@ -225,11 +318,15 @@ def baseline_policy(name: str) -> "FixedPolicy":
     return policy
 
 
-def get_policy(spec: Union[str, Recipe, Policy, Mapping, None]) -> Policy:
-    """Resolve a policy specification (see the module docstring). One-line ValueError when invalid."""
+def get_policy(spec: Union[str, Recipe, Policy, Mapping]) -> Policy:
+    """Resolve a policy specification (see the module docstring). One-line ValueError when invalid,
+    ``None`` included (say ``"bf16"`` for stock attention)."""
     if isinstance(spec, Policy):
         return spec
-    if spec is None or isinstance(spec, Recipe):
+    if spec is None:  # stock attention or the hybrid default? neither is what every reader would guess
+        raise ValueError(f"policy=None is not a policy; accepted: 'bf16' (stock diffusers attention), 'hybrid' "
+                         f"(the default of apply), {_accepted()}")
+    if isinstance(spec, Recipe):
         return FixedPolicy(parse_entry(spec))
     if isinstance(spec, Mapping):
         unknown = sorted(set(spec) - set(_ENDS_KEYS))
@@ -264,6 +361,18 @@ def describe(policy: Policy, num_steps: int) -> List[Tuple[int, int, str]]:
     return runs
 
 
-__all__ = ["Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
+def schedule_line(policy: Policy, num_steps: int) -> str:
+    """One line saying what ``policy`` runs at ``num_steps`` steps, e.g.
+    ``"hybrid at 4 steps: step 0 mxfp6, steps 1-2 mxfp4, step 3 mxfp6 (defined for 20 steps, scaled)"``."""
+    runs = ", ".join(f"step {a} {name}" if a == b else f"steps {a}-{b} {name}"
+                     for a, b, name in describe(policy, num_steps))
+    text = f"{policy.name} at {num_steps} step{'s' if num_steps != 1 else ''}: {runs}"
+    ref = None if policy.is_fixed else policy.reference_steps
+    if ref is not None and ref != num_steps and (isinstance(policy, SchedulePolicy) or getattr(policy, "_scaled", 0)):
+        text += f" (defined for {ref} steps, scaled)"
+    return text
+
+
+__all__ = ["schedule_line", "Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
            "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES", "BASELINE_POLICIES",
            "baseline_policy"]

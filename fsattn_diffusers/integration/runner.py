@@ -5,6 +5,7 @@ Shared by ``fsattn generate`` and the ready runners in :mod:`fsattn_diffusers.pi
 
 from __future__ import annotations
 
+import functools
 import json
 import os
 import re
@@ -43,7 +44,9 @@ def check_model(model: str) -> str:
     Raises
     ------
     LoadError
-        Missing path, a directory without ``model_index.json``, or a pipeline class we do not run.
+        Missing path, a directory without ``model_index.json``, a pipeline class we do not run, or a
+        Hub id that is neither on a reachable Hub nor in the local cache (found within
+        :data:`HUB_TIMEOUT_S` when the Hub does not answer).
     """
     path = os.path.expanduser(model)
     if os.path.isdir(path):
@@ -56,6 +59,8 @@ def check_model(model: str) -> str:
         raise LoadError(f"model path {model} is not a directory")
     elif not _HUB_ID.match(model):
         raise LoadError(f"model path {model} does not exist")
+    elif hub_unreachable_reason() is not None:
+        cls = _cached_class_name(model)
     else:
         from diffusers import DiffusionPipeline
 
@@ -69,6 +74,44 @@ def check_model(model: str) -> str:
         raise LoadError(f"unknown model type {cls!r} in {model}; accepted: {', '.join(PIPELINE_TYPES)} "
                         f"(Wan2.1, Wan2.2, HunyuanVideo)")
     return PIPELINE_TYPES[cls]
+
+
+#: Seconds the Hub reachability check waits for an answer.
+HUB_TIMEOUT_S = 5.0
+
+
+@functools.lru_cache(maxsize=None)
+def hub_unreachable_reason() -> Optional[str]:
+    """``None`` when the Hugging Face Hub answers (any HTTP status), else why not, in a few words.
+
+    One HEAD request to ``HF_ENDPOINT`` with a :data:`HUB_TIMEOUT_S` timeout and no retries (a load
+    through diffusers retries for about 25 s before it gives up); ``HF_HUB_OFFLINE=1`` counts as
+    unreachable without a request. Checked once per process.
+    """
+    from huggingface_hub import constants, get_session
+
+    if constants.HF_HUB_OFFLINE:
+        return "HF_HUB_OFFLINE is set"
+    try:
+        get_session().head(constants.ENDPOINT, timeout=HUB_TIMEOUT_S)
+    except Exception as exc:  # noqa: BLE001 - DNS, refused, timeout, proxy: whatever kept the answer away
+        text = " ".join(str(exc).split()) or "no answer"
+        return f"{type(exc).__name__}: {text}"[:200]
+    return None
+
+
+def _cached_class_name(model: str) -> Optional[str]:
+    """Pipeline class of Hub id ``model`` from the local Hugging Face cache (the Hub being unreachable)."""
+    from huggingface_hub import constants, try_to_load_from_cache
+
+    index = try_to_load_from_cache(model, "model_index.json")
+    if isinstance(index, str) and os.path.isfile(index):
+        with open(index) as f:
+            return json.load(f).get("_class_name")
+    raise LoadError(f"cannot load {model}: no such directory, the Hugging Face Hub ({constants.ENDPOINT}) is "
+                    f"unreachable ({hub_unreachable_reason()}) and {model} is not in the local cache; download "
+                    f"it where the Hub is reachable (e.g. `hf download {model} --local-dir DIR`) and pass "
+                    f"that directory as --model DIR")
 
 
 def default_device() -> torch.device:
@@ -87,11 +130,13 @@ def load_pipeline(model: str, device: Optional[torch.device] = None, dtype: Opti
     if dtype is None:
         dtype = torch.bfloat16 if device.type == "cuda" else torch.float32
     dtypes = {"default": dtype, "vae": torch.float32}
+    path = os.path.expanduser(model)
+    offline = {} if os.path.isdir(path) or hub_unreachable_reason() is None else {"local_files_only": True}
     try:
         from diffusers.utils.deprecation_utils import _resolve_dtype  # noqa: F401  (``dtype=`` accepted)
-        pipe = DiffusionPipeline.from_pretrained(os.path.expanduser(model), dtype=dtypes)
+        pipe = DiffusionPipeline.from_pretrained(path, dtype=dtypes, **offline)
     except ImportError:
-        pipe = DiffusionPipeline.from_pretrained(os.path.expanduser(model), torch_dtype=dtype)
+        pipe = DiffusionPipeline.from_pretrained(path, torch_dtype=dtype, **offline)
     model_type(pipe)
     return pipe
 

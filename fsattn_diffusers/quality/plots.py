@@ -10,7 +10,7 @@
 from __future__ import annotations
 
 import math
-from typing import Dict, List, Optional, Sequence
+from typing import Dict, List, Optional, Sequence, Tuple
 
 import numpy as np
 
@@ -43,6 +43,45 @@ def _finite(value) -> bool:
     return isinstance(value, (int, float)) and math.isfinite(value)
 
 
+def label_groups(points: List[tuple], tol: float = 0.02, near: Tuple[float, float] = (0.25, 0.12)) -> List[tuple]:
+    """Merge the labels of points that coincide on the plot, and stagger the labels of nearby ones.
+
+    Parameters
+    ----------
+    points : list of (label, x, y)
+    tol : float
+        Points closer than ``tol`` of the data's x span and of its y span coincide (one label).
+    near : (float, float)
+        Distinct points closer than these fractions of the x and y spans are near: their labels go on
+        different text rows.
+
+    Returns
+    -------
+    list of (labels, x, y, row)
+        One entry per distinct position, labels in input order, sorted by decreasing y then x; ``row``
+        is the number of earlier entries near this one (the plot moves its label down by that many rows).
+    """
+    if not points:
+        return []
+    xs, ys = [p[1] for p in points], [p[2] for p in points]
+    xspan = (max(xs) - min(xs)) or abs(xs[0]) or 1.0
+    yspan = (max(ys) - min(ys)) or abs(ys[0]) or 1.0
+    groups: List[list] = []
+    for label, x, y in points:
+        for g in groups:
+            if abs(g[1] - x) <= tol * xspan and abs(g[2] - y) <= tol * yspan:
+                g[0].append(label)
+                break
+        else:
+            groups.append([[label], x, y])
+    ordered = sorted(((g[0], g[1], g[2]) for g in groups), key=lambda g: (-g[2], g[1]))
+    out = []
+    for labels, x, y in ordered:
+        rows = {row for _, px, py, row in out if abs(px - x) <= near[0] * xspan and abs(py - y) <= near[1] * yspan}
+        out.append((labels, x, y, next(r for r in range(len(out) + 1) if r not in rows)))
+    return out
+
+
 def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) -> str:
     """Mean quality per policy against mean seconds per denoising step."""
     metrics = [("psnr_db", "PSNR vs bf16 (dB, higher is better)"), ("ssim", "SSIM vs bf16 (higher is better)")]
@@ -52,12 +91,13 @@ def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) ->
     ref = next((m for m in means if m["policy"] == "bf16"), None)
     for i, (key, title) in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
-        for m in means:
-            x, y = m.get("step_s"), m.get(key)
-            if m["policy"] == "bf16" or not (_finite(x) and _finite(y)):
-                continue
+        points = [(m["policy"], m.get("step_s"), m.get(key)) for m in means if m["policy"] != "bf16"]
+        points = [(label, x, y) for label, x, y in points if _finite(x) and _finite(y)]
+        for _, x, y in points:
             ax.scatter([x], [y], s=36)
-            ax.annotate(m["policy"], (x, y), textcoords="offset points", xytext=(4, 4), fontsize=8)
+        for labels, x, y, row in label_groups(points):
+            # coincident points share one label; labels of nearby points go on separate rows
+            ax.annotate(", ".join(labels), (x, y), textcoords="offset points", xytext=(4, 4 - 10 * row), fontsize=8)
         if ref is not None and _finite(ref.get("step_s")):
             ax.axvline(ref["step_s"], color="0.4", linestyle="--", linewidth=1)
             ax.annotate("bf16 (reference)", (ref["step_s"], 0.02), xycoords=("data", "axes fraction"),

@@ -62,6 +62,20 @@ def _grids(result, store, count: int) -> Dict[str, str]:
     return out
 
 
+def _schedules(result) -> Dict[str, Dict]:
+    """``{label: {"steps": [entry name per step] or None, "line": one-line description}}`` at the
+    sweep's step count (a policy that cannot resolve its schedule gets the reason as its line)."""
+    from ..integration.policy import schedule_line
+
+    n, out = result.spec.steps, {}
+    for it in result.policies:
+        try:
+            out[it.label] = {"steps": it.policy.plan_names(n), "line": schedule_line(it.policy, n)}
+        except Exception as exc:  # noqa: BLE001 - a failing policy is reported, not fatal to the report
+            out[it.label] = {"steps": None, "line": f"{it.label}: cannot resolve ({type(exc).__name__}: {exc})"}
+    return out
+
+
 def write_outputs(result, store, grid_frames: int = 4) -> Dict[str, str]:
     """Write every output file of a sweep; return ``{name: path}``. Plots are skipped (noted) without matplotlib."""
     os.makedirs(result.out, exist_ok=True)
@@ -84,7 +98,7 @@ def write_outputs(result, store, grid_frames: int = 4) -> Dict[str, str]:
             "reference": "bf16 (stock diffusers attention)", "seconds": result.seconds,
             "lpips": {"available": result.lpips_available, "note": result.lpips_note}, "plots_note": plot_note,
             "prompts": [{"id": pid, "prompt": p} for pid, p in result.prompts],
-            "policies": [it.label for it in result.policies]}
+            "policies": [it.label for it in result.policies], "schedules": _schedules(result)}
     with open(files["json"], "w") as fh:
         json.dump(jsonable({"meta": meta, "rows": rows, "means": means}), fh, indent=1, allow_nan=False)
     files["report"] = os.path.join(result.out, REPORT_MD)
@@ -111,6 +125,10 @@ def report_markdown(result, rows: List[Dict], means: List[Dict], files: Dict[str
         "`wall s` includes text encoding and VAE decoding; an untimed 1-step bf16 warm-up run precedes the "
         "first generated video (unless `--no-warmup`)",
     ]
+    lines.append(f"* schedules at {s.steps} steps (what each policy ran per denoising step):")
+    lines += [f"  * `{label}`: {sched['line'].split(': ', 1)[1]}"
+              + (" (stock diffusers attention)" if label == "bf16" else "")
+              for label, sched in _schedules(result).items()]
     if not result.device.startswith("cuda"):
         lines.append(f"* device `{result.device}`: fsattn policies run the PyTorch emulator here (slow), so "
                      "`speed vs bf16` does not measure the kernels")
