@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from .structured_inputs import DESCRIPTIONS
+from .structured_suite import summarize_checks
 
 CHECK_KEYS = ("vs_fa3", "vs_gaussian", "finite", "inputs")
 
@@ -41,6 +42,8 @@ def checks_text(checks: List[Dict]) -> str:
         lines.append(f"  {row['family']:<22}{row['dtype']:<9}D={row['head_dim']:<4}{row['recipe']:<14}"
                      f"err {_pct(row['err']):>6}%  fa3-fp8 {_pct(row['fa3_err']):>6}%  "
                      + "  ".join(f"{k}={row[k]}" for k in CHECK_KEYS))
+    for recipe, counts in summarize_checks(checks).items():
+        lines.append(f"  {recipe}: " + ", ".join(f"{k} {v}" for k, v in sorted(counts.items())))
     fails = [r for r in checks if any(r[k] == "fail" for k in CHECK_KEYS)]
     lines.append(f"bar checks: {len(checks)} rows, {len(fails)} with a failure")
     return "\n".join(lines)
