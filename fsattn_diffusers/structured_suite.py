@@ -113,11 +113,15 @@ def _rows_per_row_exact(recipe: Recipe, backend: str, device: torch.device) -> b
 def _measure(fn, q, k, v, rows, ref, subset_q: bool) -> Dict:
     """Run ``fn(q, k, v) -> (B, H, S_q', D)`` and compare rows ``rows`` with ``ref``."""
     copies = [t.clone() for t in (q, k, v)]
-    notes = []
+    sync = torch.cuda.synchronize if q.device.type == "cuda" else (lambda: None)
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         try:
+            sync()
+            t0 = time.perf_counter()
             out = fn(q[:, :, rows] if (subset_q and rows is not None) else q, k, v)
+            sync()
+            seconds = time.perf_counter() - t0
         except (ValueError, RuntimeError, NotImplementedError) as exc:
             return {"err": None, "cos": None, "nonfinite": None, "inputs_unchanged": None,
                     "error": str(exc).splitlines()[0] if str(exc) else type(exc).__name__}
@@ -125,7 +129,8 @@ def _measure(fn, q, k, v, rows, ref, subset_q: bool) -> Dict:
     if rows is not None and not subset_q:
         out = out[:, :, rows]
     unchanged = all(torch.equal(a, b) for a, b in zip(copies, (q, k, v)))
-    cell = {"err": relative_error(out, ref), "cos": cosine(out, ref), "nonfinite": nonfinite_where_finite(out, ref), "inputs_unchanged": unchanged}
+    cell = {"err": relative_error(out, ref), "cos": cosine(out, ref), "seconds": seconds,
+            "nonfinite": nonfinite_where_finite(out, ref), "inputs_unchanged": unchanged}
     if notes:
         cell["warnings"] = notes
     return cell
@@ -249,7 +254,7 @@ def _average(cells: List[Dict]) -> Dict:
         return {"err": None, "cos": None, "nonfinite": None, "inputs_unchanged": None,
                 "error": next((c.get("error") for c in cells if c.get("error")), None)}
     out = {"err": sum(c["err"] for c in errs) / len(errs), "cos": sum(c["cos"] for c in errs) / len(errs),
-           "nonfinite": sum(c["nonfinite"] for c in errs),
+           "nonfinite": sum(c["nonfinite"] for c in errs), "seconds": sum(c["seconds"] for c in errs),
            "inputs_unchanged": all(c["inputs_unchanged"] for c in errs)}
     w = sorted({x for c in cells for x in c.get("warnings", ())})
     if w:
