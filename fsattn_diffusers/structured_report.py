@@ -21,6 +21,10 @@ def _cell_text(cell: Dict) -> str:
     return f"{100 * cell['err']:.2f}{flag}"
 
 
+def _column_seconds(result: Dict, column: str) -> float:
+    return sum(case["columns"][column].get("seconds") or 0.0 for case in result["cases"])
+
+
 def text_table(result: Dict) -> str:
     """Error % per case and column (``!``: NaN/inf where exact is finite, or an input was modified)."""
     cols = result["columns"]
@@ -61,7 +65,8 @@ def markdown(payload: Dict) -> str:
              f"seeds {meta['seeds']}, backend {meta['backend']}, numerics {meta.get('numerics') or 'per recipe'}",
              f"- reference: {result['exact']}; cells: relative Frobenius error % / cosine, mean over seeds; "
              "`!` marks NaN/inf where the reference is finite or a modified input",
-             f"- wall time {result['seconds']:.1f} s", "",
+             f"- wall time {result['seconds']:.1f} s; per column, summed over cases (first calls include "
+             "compilation): " + ", ".join(f"{c} {_column_seconds(result, c):.1f} s" for c in cols), "",
              "| family | dtype | D | " + " | ".join(cols) + " |",
              "| --- | --- | --- | " + " | ".join("---" for _ in cols) + " |"]
     for case in result["cases"]:
