@@ -5,9 +5,9 @@ dim — the suite computes exact attention (float64, :func:`fsattn_diffusers.tes
 and, against it, the global relative error and the cosine of
 
 * every fsattn recipe given (``fsattn_diffusers.attention`` with the chosen backend),
-* ``conventional-<fmt>``: the conventional softmax on the same quantized operands, for every MX
-  format of those recipes (paper Table 4's "conventional" row, :func:`fsattn_diffusers.accuracy.table4_recipe`),
-  computed by the emulator,
+* ``conventional-<recipe>``: the conventional softmax on the same quantized operands as each recipe
+  (paper Table 4's "conventional" row applied to the recipe, :func:`conventional_recipe`; for a
+  ``-paper`` preset this is exactly Table 4's cell), computed by the emulator,
 * when importable on a CUDA device: FlashAttention-3 (``fa3_fwd_interface.flash_attn_func``) in BF16
   (``fa3-bf16``; fp16 inputs are rounded to BF16 first, since the ``fa3-fwd`` build has no FP16 kernels)
   and in FP8 E4M3 with per-(batch, head) scales ``amax / 448`` and the matching descales (``fa3-fp8``),
@@ -27,7 +27,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .accuracy import table4_recipe
+from .accuracy import TABLE4_ROWS
 from .recipe import PRESETS, Recipe, get_recipe
 from .structured_inputs import FAMILIES, get_family
 from .testing import cosine, exact_attention, nonfinite_where_finite, relative_error
@@ -103,11 +103,24 @@ def external_columns(device: torch.device) -> Tuple[Dict[str, Callable], List[st
 # --------------------------------------------------------------------------------------------------
 # The suite
 
+#: Recipe fields that make one query row's output depend on the other rows (Q statistics over tokens).
+ROW_COUPLING_FIELDS = ("smooth_q",)
+
+
 def _rows_per_row_exact(recipe: Recipe, backend: str, device: torch.device) -> bool:
     """True when the recipe's output rows do not depend on other query rows (so q may be subset):
-    the emulator in ``mi355x`` numerics (the ``sm90`` mode shares exponents across a query tile)."""
+    the emulator in ``mi355x`` numerics (the ``sm90`` mode shares exponents across a query tile) and no
+    statistic over the queries (:data:`ROW_COUPLING_FIELDS`)."""
     on_emulator = backend == "emulator" or (backend == "auto" and device.type == "cpu")
-    return on_emulator and recipe.numerics == "mi355x"
+    coupled = any(getattr(recipe, f, False) for f in ROW_COUPLING_FIELDS)
+    return on_emulator and recipe.numerics == "mi355x" and not coupled
+
+
+def conventional_recipe(recipe: Recipe) -> Recipe:
+    """The conventional softmax on ``recipe``'s quantized operands: Table 4's "conventional" row
+    (exact exponential, running maximum, row sum of the unquantized P) applied to the recipe, in the
+    emulator's ``mi355x`` numerics (the ``sm90`` mode covers the kernel's pipeline only)."""
+    return recipe.replace(name=f"conventional-{recipe.name}", numerics="mi355x", **TABLE4_ROWS["conventional"])
 
 
 def _measure(fn, q, k, v, rows, ref, subset_q: bool) -> Dict:
@@ -196,10 +209,14 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
         formats[r.name] = r.qk_format
     notes: List[str] = []
     if conventional:
-        for fmt in dict.fromkeys(r.qk_format for r in recipe_objs if r.qk_format.startswith("mx")):
-            conv = table4_recipe("conventional", fmt)
-            columns[f"conventional-{fmt}"] = ((lambda q, k, v, sc, c=conv: fsa.attention(
-                q, k, v, c, layout="bhsd", scale=sc, backend="emulator")), conv.numerics == "mi355x")
+        seen = []
+        for r in recipe_objs:
+            conv = conventional_recipe(r)
+            if not r.is_quantized or any(conv == c.replace(name=conv.name) for c in seen):
+                continue  # the same operands as an earlier column
+            seen.append(conv)
+            columns[conv.name] = ((lambda q, k, v, sc, c=conv: fsa.attention(
+                q, k, v, c, layout="bhsd", scale=sc, backend="emulator")), _rows_per_row_exact(conv, "emulator", dev))
     if external:
         ext, ext_notes = external_columns(dev)
         notes += ext_notes

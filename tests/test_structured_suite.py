@@ -285,3 +285,46 @@ def test_default_recipes_and_table4_paper_presets(monkeypatch):
     cell = accuracy.table4_recipe("+ frozen max", "mxfp8")
     assert cell.tile_n == 64 and cell.frozen_max and cell.exponential == "exact"
     assert accuracy.table4_recipe("conventional", "bf16").qk_format == "bf16"
+
+
+def test_conventional_columns_follow_each_recipe():
+    from fsattn_diffusers.accuracy import table4_recipe
+    from fsattn_diffusers.recipe import PRESETS
+
+    conv = suite.conventional_recipe(PRESETS["mxfp6"].replace(numerics="sm90"))
+    assert conv.numerics == "mi355x" and conv.exponential == "exact" and not conv.frozen_max
+    assert conv.replace(name="x") == table4_recipe("conventional", "mxfp6").replace(name="x")
+    res = suite.run_suite((1, 1, 64), head_dims=(64,), dtypes=("bfloat16",), families=["gaussian"],
+                          recipes=["mxfp8", PRESETS["mxfp8"].replace(name="mxfp8-copy"), "bf16"], external=False)
+    print(res["columns"])
+    assert res["columns"] == ["mxfp8", "mxfp8-copy", "bf16", "conventional-mxfp8"]  # one per distinct operand set
+    row = res["cases"][0]["columns"]
+    assert row["mxfp8"]["err"] == row["mxfp8-copy"]["err"] and row["bf16"]["err"] < 0.01
+
+
+def test_query_rows_subset_is_row_exact_on_the_emulator():
+    from fsattn_diffusers.recipe import PRESETS
+
+    r = PRESETS["mxfp8"]
+    assert suite._rows_per_row_exact(r, "auto", torch.device("cpu"))
+    assert not suite._rows_per_row_exact(r.replace(numerics="sm90"), "auto", torch.device("cpu"))
+    assert not suite._rows_per_row_exact(r, "auto", torch.device("cuda"))
+    full = suite.run_suite((1, 1, 256), head_dims=(64,), dtypes=("float16",), families=["gaussian"],
+                           recipes=["mxfp8"], external=False, conventional=False)
+    sub = suite.run_suite((1, 1, 256), head_dims=(64,), dtypes=("float16",), families=["gaussian"],
+                          recipes=["mxfp8"], external=False, conventional=False, query_rows=128)
+    e_full, e_sub = full["cases"][0]["columns"]["mxfp8"]["err"], sub["cases"][0]["columns"]["mxfp8"]["err"]
+    print(f"all rows {e_full:.4f}, 128 sampled rows {e_sub:.4f}")
+    assert abs(e_full - e_sub) < 0.01 and "128 query rows" in sub["exact"]
+
+
+def test_mi355x_emulator_rows_do_not_depend_on_other_rows():
+    import fsattn_diffusers as fsa
+    from fsattn_diffusers.recipe import PRESETS
+
+    q, k, v = gen("offset_uniform_qk", s=512)
+    rows = torch.tensor([3, 100, 257, 511])
+    for name in ("mxfp8", "mxfp4"):
+        full = fsa.attention(q, k, v, PRESETS[name], layout="bhsd", backend="emulator")[:, :, rows]
+        part = fsa.attention(q[:, :, rows], k, v, PRESETS[name], layout="bhsd", backend="emulator")
+        assert torch.equal(full, part), name
