@@ -28,12 +28,12 @@ def _column_seconds(result: Dict, column: str) -> float:
 def text_table(result: Dict) -> str:
     """Error % per case and column (``!``: NaN/inf where exact is finite, or an input was modified)."""
     cols = result["columns"]
-    width = max([len(c) for c in cols] + [7]) + 1
-    head = f"{'family':<22}{'dtype':<9}{'D':>4} " + "".join(f"{c:>{width}}" for c in cols)
+    widths = [max(len(c), 7) + 1 for c in cols]
+    head = f"{'family':<22}{'dtype':<9}{'D':>4} " + "".join(f"{c:>{w}}" for c, w in zip(cols, widths))
     lines = ["relative error % vs exact attention (" + result["exact"] + ")", head]
     for case in result["cases"]:
         line = f"{case['family']:<22}{case['dtype']:<9}{case['head_dim']:>4} "
-        line += "".join(f"{_cell_text(case['columns'][c]):>{width}}" for c in cols)
+        line += "".join(f"{_cell_text(case['columns'][c]):>{w}}" for c, w in zip(cols, widths))
         lines.append(line)
     return "\n".join(lines)
 

@@ -288,10 +288,10 @@ def test_default_recipes_and_table4_paper_presets(monkeypatch):
 
 
 def test_conventional_columns_follow_each_recipe():
-    from fsattn_diffusers.accuracy import table4_recipe
+    from fsattn_diffusers.accuracy import paper_preset, table4_recipe
     from fsattn_diffusers.recipe import PRESETS
 
-    conv = suite.conventional_recipe(PRESETS["mxfp6"].replace(numerics="sm90"))
+    conv = suite.conventional_recipe(paper_preset("mxfp6").replace(numerics="sm90"))
     assert conv.numerics == "mi355x" and conv.exponential == "exact" and not conv.frozen_max
     assert conv.replace(name="x") == table4_recipe("conventional", "mxfp6").replace(name="x")
     res = suite.run_suite((1, 1, 64), head_dims=(64,), dtypes=("bfloat16",), families=["gaussian"],
