@@ -65,6 +65,8 @@ def markdown(payload: Dict) -> str:
              f"seeds {meta['seeds']}, backend {meta['backend']}, numerics {meta.get('numerics') or 'per recipe'}",
              f"- reference: {result['exact']}; cells: relative Frobenius error % / cosine, mean over seeds; "
              "`!` marks NaN/inf where the reference is finite or a modified input",
+             *([] if payload.get("complete", True) else
+               [f"- **incomplete**: {len(result['cases'])} cases so far (the file is rewritten after every case)"]),
              f"- wall time {result['seconds']:.1f} s; per column, summed over cases (first calls include "
              "compilation): " + ", ".join(f"{c} {_column_seconds(result, c):.1f} s" for c in cols), "",
              "| family | dtype | D | " + " | ".join(cols) + " |",

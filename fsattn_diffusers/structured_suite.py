@@ -153,7 +153,8 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
               dtypes: Sequence[str] = ("float16", "bfloat16"), families: Optional[Sequence[str]] = None,
               recipes: Optional[Sequence] = None, seeds: int = 1, device: str = "cpu", backend: str = "auto",
               query_rows: Optional[int] = None, numerics: Optional[str] = None, conventional: bool = True,
-              external: bool = True, exact_dtype: torch.dtype = torch.float64, progress=None) -> Dict:
+              external: bool = True, exact_dtype: torch.dtype = torch.float64, progress=None,
+              on_case=None) -> Dict:
     """Measure every (family, dtype, head dim) case; errors and cosines are averaged over seeds.
 
     Parameters
@@ -171,6 +172,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     numerics : override ``Recipe.numerics`` (``mi355x`` or ``sm90``) of the fsattn recipes.
     conventional, external : include the conventional-softmax and the other-implementation columns.
     progress : optional callable ``progress(case_label, column)`` after every column.
+    on_case : optional callable taking the result so far (same form as the return value) after every case.
 
     Returns
     -------
@@ -216,13 +218,28 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
                 continue  # the same operands as an earlier column
             seen.append(conv)
             columns[conv.name] = ((lambda q, k, v, sc, c=conv: fsa.attention(
-                q, k, v, c, layout="bhsd", scale=sc, backend="emulator")), _rows_per_row_exact(conv, "emulator", dev))
+                q, k, v, c, layout="bhsd", scale=sc, backend="emulator")),
+                _rows_per_row_exact(conv, "emulator", dev))
     if external:
         ext, ext_notes = external_columns(dev)
         notes += ext_notes
         columns.update({name: (fn, False) for name, fn in ext.items()})
     t_start = time.perf_counter()
-    cases = []
+    exact = (f"{str(exact_dtype).replace('torch.', '')} softmax attention on the rounded inputs, "
+             f"{'all' if query_rows is None or query_rows >= s else query_rows} query rows, all keys")
+
+    def assemble(cases):
+        all_notes = list(notes)
+        for case in cases:
+            for name, cell in case["columns"].items():
+                for w in cell.get("warnings", ()):
+                    if f"{name}: {w}" not in all_notes:
+                        all_notes.append(f"{name}: {w}")
+        return {"cases": list(cases), "columns": list(columns), "recipe_formats": formats, "notes": all_notes,
+                "exact": exact, "seconds": time.perf_counter() - t_start,
+                "recipes": {r.name: _recipe_dict(r) for r in recipe_objs}}
+
+    cases: List[Dict] = []
     for dt in dtypes:
         for d in head_dims:
             for fam in families:
@@ -245,17 +262,9 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
                     del q, k, v, ref
                 cases.append({"family": fam, "dtype": dt, "head_dim": int(d),
                               "columns": {name: _average(cells) for name, cells in acc.items()}})
-    for case in cases:
-        for name, cell in case["columns"].items():
-            for w in cell.get("warnings", ()):
-                line = f"{name}: {w}"
-                if line not in notes:
-                    notes.append(line)
-    exact = (f"{str(exact_dtype).replace('torch.', '')} softmax attention on the rounded inputs, "
-             f"{'all' if query_rows is None or query_rows >= s else query_rows} query rows, all keys")
-    return {"cases": cases, "columns": list(columns), "recipe_formats": formats, "notes": notes,
-            "exact": exact, "seconds": time.perf_counter() - t_start,
-            "recipes": {r.name: _recipe_dict(r) for r in recipe_objs}}
+                if on_case is not None:
+                    on_case(assemble(cases))
+    return assemble(cases)
 
 
 def _recipe_dict(r: Recipe) -> Dict:

@@ -328,3 +328,11 @@ def test_mi355x_emulator_rows_do_not_depend_on_other_rows():
         full = fsa.attention(q, k, v, PRESETS[name], layout="bhsd", backend="emulator")[:, :, rows]
         part = fsa.attention(q[:, :, rows], k, v, PRESETS[name], layout="bhsd", backend="emulator")
         assert torch.equal(full, part), name
+
+
+def test_on_case_reports_partial_results():
+    seen = []
+    res = suite.run_suite((1, 1, 64), head_dims=(64,), dtypes=("bfloat16", "float16"), families=["sharp"],
+                          recipes=["mxfp8"], external=False, on_case=lambda r: seen.append(len(r["cases"])))
+    assert seen == [1, 2, 3, 4] and len(res["cases"]) == 4
+    assert [c["family"] for c in res["cases"]] == ["gaussian", "sharp"] * 2

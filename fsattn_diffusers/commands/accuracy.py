@@ -132,24 +132,29 @@ def _run_suite(args, meta) -> int:
                 query_rows=query_rows, backend=args.backend, numerics=args.numerics, recipes=recipes)
     from tqdm import tqdm
 
-    with tqdm(desc="structured suite", unit="cell", file=sys.stderr) as bar:
+    def write(result, final):
+        payload = {"suite": "structured", "complete": final, "meta": meta, "result": result,
+                   "checks": bar_checks(result["cases"], result["recipe_formats"])}
+        if args.json_path:
+            with open(args.json_path, "w") as fh:
+                json.dump(payload, fh, indent=1, default=str)
+        if args.markdown_path:
+            with open(args.markdown_path, "w") as fh:
+                fh.write(markdown(payload))
+        return payload
+
+    with tqdm(desc="structured suite", unit="cell", file=sys.stderr) as bar:  # files rewritten after every case
         result = run_suite(shape[:3], head_dims, dtypes, families, recipes, args.seeds, str(device), args.backend,
                            query_rows, args.numerics, external=not args.no_external,
-                           progress=lambda *a: bar.update(1))
-    checks = bar_checks(result["cases"], result["recipe_formats"])
+                           progress=lambda *a: bar.update(1), on_case=lambda partial: write(partial, False))
+    payload = write(result, True)
     print(text_table(result))
-    print(checks_text(checks))
+    print(checks_text(payload["checks"]))
     for note in result["notes"]:
         print(f"note: {note}")
-    payload = {"suite": "structured", "meta": meta, "result": result, "checks": checks}
-    if args.json_path:
-        with open(args.json_path, "w") as fh:
-            json.dump(payload, fh, indent=1, default=str)
-        print(f"wrote {args.json_path}")
-    if args.markdown_path:
-        with open(args.markdown_path, "w") as fh:
-            fh.write(markdown(payload))
-        print(f"wrote {args.markdown_path}")
+    for path in (args.json_path, args.markdown_path):
+        if path:
+            print(f"wrote {path}")
     return 0
 
 
