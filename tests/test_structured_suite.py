@@ -260,6 +260,8 @@ def test_suite_end_to_end_cli(tmp_path):
     (["--recipes", "mxfp9"], "--recipes: unknown mxfp9"),
     (["--dtypes", "float32"], "--dtypes: unknown float32"),
     (["--head-dims", "x"], "--head-dims must be"),
+    (["--table", "8"], "--suite and --table are exclusive"),
+    (["--query-rows", "0"], "--query-rows must be at least 1"),
 ])
 def test_cli_bad_args(extra, needle):
     res = subprocess.run([sys.executable, "-m", "fsattn_diffusers", "accuracy", "--suite", "structured", *extra],
@@ -336,3 +338,9 @@ def test_on_case_reports_partial_results():
                           recipes=["mxfp8"], external=False, on_case=lambda r: seen.append(len(r["cases"])))
     assert seen == [1, 2, 3, 4] and len(res["cases"]) == 4
     assert [c["family"] for c in res["cases"]] == ["gaussian", "sharp"] * 2
+
+
+def test_suite_flags_without_suite_are_refused():
+    res = subprocess.run([sys.executable, "-m", "fsattn_diffusers", "accuracy", "--table", "8", "--families", "sharp"],
+                         capture_output=True, text=True, timeout=120)
+    assert res.returncode == 2 and "--families need --suite structured" in res.stderr, res.stderr

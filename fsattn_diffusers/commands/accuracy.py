@@ -18,7 +18,7 @@ HELP = ("reproduce the paper's accuracy tables (Table 8: proxy widths, Table 4: 
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--table", type=int, choices=(4, 8), default=4, help="which paper table (default 4)")
+    p.add_argument("--table", type=int, choices=(4, 8), default=None, help="which paper table (default 4)")
     p.add_argument("--shape", default=None,
                    help="B,H,S,D for Table 4 (default 1,2,4096,128; paper: 1,24,32768,128); for the suite "
                         "B,H,S or B,H,S,D (default 1,2,2048; D then comes from --head-dims)")
@@ -193,6 +193,13 @@ def run(args) -> int:
     meta = {"command": "fsattn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("fsattn") else None,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
             "python": platform.python_version()}
+    if args.suite is not None and args.table is not None:
+        raise UsageError("--suite and --table are exclusive; accepted: one of them")
+    suite_only = {"--families": args.families, "--recipes": args.recipes, "--head-dims": args.head_dims,
+                  "--numerics": args.numerics, "--markdown": args.markdown_path}
+    used = [flag for flag, value in suite_only.items() if value is not None]
+    if args.suite is None and not args.list_families and used:
+        raise UsageError(f"{', '.join(used)} need --suite structured")
     if args.suite == "structured" or args.list_families:
         if meta["command"] is None:
             meta["command"] = "python -m fsattn_diffusers " + " ".join(sys.argv[1:])
