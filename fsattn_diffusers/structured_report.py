@@ -7,7 +7,7 @@ from typing import Dict, List
 from .structured_inputs import DESCRIPTIONS
 from .structured_suite import summarize_checks
 
-CHECK_KEYS = ("vs_fa3", "vs_gaussian", "finite", "inputs")
+CHECK_KEYS = ("vs_fa3", "vs_gaussian", "finite", "inputs", "ran")
 
 
 def _pct(v) -> str:
@@ -41,7 +41,7 @@ def text_table(result: Dict) -> str:
 def checks_text(checks: List[Dict]) -> str:
     """One line per (case, recipe) with a checked format, plus a count of failures."""
     lines = ["bar checks (vs_fa3: err <= FA3-FP8 + 0.5 pp [+1 pp MXFP6]; vs_gaussian: err <= 1.5x own "
-             "Gaussian [+1 pp MXFP6] where FA3-FP8 <= 1.5x its Gaussian; finite; inputs unchanged)"]
+             "Gaussian [+1 pp MXFP6] where FA3-FP8 <= 1.5x its Gaussian; finite; inputs unchanged; ran)"]
     for row in checks:
         lines.append(f"  {row['family']:<22}{row['dtype']:<9}D={row['head_dim']:<4}{row['recipe']:<14}"
                      f"err {_pct(row['err']):>6}%  fa3-fp8 {_pct(row['fa3_err']):>6}%  "
@@ -84,8 +84,8 @@ def markdown(payload: Dict) -> str:
               "vs_fa3: error <= FA3-FP8 error + 0.5 pp (MXFP6: + 1.5 pp). vs_gaussian: error <= 1.5x the recipe's "
               "own Gaussian error (MXFP6: + 1 pp), applied where FA3-FP8 stays within 1.5x its Gaussian error. "
               "`n/a`: no FA3-FP8 value, FA3-FP8 itself degrades, or a format without a bar (MXFP4).", "",
-              "| family | dtype | D | recipe | err % | FA3-FP8 % | vs_fa3 | vs_gaussian | finite | inputs |",
-              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+              "| family | dtype | D | recipe | err % | FA3-FP8 % | vs_fa3 | vs_gaussian | finite | inputs | ran |",
+              "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in checks:
         lines.append(f"| {r['family']} | {r['dtype']} | {r['head_dim']} | {r['recipe']} | {_pct(r['err'])} | "
                      f"{_pct(r['fa3_err'])} | " + " | ".join(r[k] for k in CHECK_KEYS) + " |")

@@ -304,12 +304,13 @@ def bar_checks(cases: List[Dict], recipe_formats: Dict[str, str], fa3_column: st
     * ``vs_gaussian``: where err_FA3(case) <= 1.5 err_FA3(G): err <= 1.5 err(G), plus 1 pp for MXFP6;
       ``n/a`` where FA3-FP8 itself degrades by more than that.
     * Both are ``n/a`` without an FA3-FP8 value, and for other formats (MXFP4 is reported only).
-    * ``finite``: no NaN/inf where exact attention is finite; ``inputs``: q, k, v unchanged by the call.
+    * ``finite``: no NaN/inf where exact attention is finite; ``inputs``: q, k, v unchanged by the call;
+      ``ran``: the call returned (``fail`` when it raised; the other checks are then ``n/a``).
 
     Returns
     -------
     list of dict: family, dtype, head_dim, recipe, format, err, fa3_err, gauss_err, vs_fa3,
-    vs_gaussian, finite, inputs (each ``pass``/``fail``/``n/a``), and ``limit_fa3``/``limit_gauss``.
+    vs_gaussian, finite, inputs, ran (each ``pass``/``fail``/``n/a``), and ``limit_fa3``/``limit_gauss``.
     """
     gauss = {(c["dtype"], c["head_dim"]): c for c in cases if c["family"] == "gaussian"}
     rows = []
@@ -335,7 +336,7 @@ def bar_checks(cases: List[Dict], recipe_formats: Dict[str, str], fa3_column: st
                          "recipe": name, "format": fmt, "err": err, "fa3_err": fa3, "gauss_err": own_g,
                          "limit_fa3": lim_fa3, "limit_gauss": lim_g, "vs_fa3": _verdict(vs_fa3),
                          "vs_gaussian": _verdict(vs_g), "finite": _verdict(finite),
-                         "inputs": _verdict(cell.get("inputs_unchanged"))})
+                         "inputs": _verdict(cell.get("inputs_unchanged")), "ran": _verdict(err is not None)})
     return rows
 
 
@@ -343,7 +344,7 @@ def summarize_checks(checks: List[Dict]) -> Dict[str, Dict[str, int]]:
     """Counts of pass / fail / n/a per recipe and check."""
     out: Dict[str, Dict[str, int]] = {}
     for row in checks:
-        for key in ("vs_fa3", "vs_gaussian", "finite", "inputs"):
+        for key in ("vs_fa3", "vs_gaussian", "finite", "inputs", "ran"):
             d = out.setdefault(row["recipe"], {})
             tag = f"{key}:{row[key]}"
             d[tag] = d.get(tag, 0) + 1

@@ -226,6 +226,10 @@ def test_bar_checks_without_fa3_and_flags():
     rows = suite.bar_checks([gauss, bad], {"mxfp8": "mxfp8"})
     assert all(r["vs_fa3"] == "n/a" and r["vs_gaussian"] == "n/a" for r in rows)
     assert (_check(rows, "sink", "mxfp8")["finite"], _check(rows, "sink", "mxfp8")["inputs"]) == ("fail", "fail")
+    broken = _case("sharp", {"mxfp8": 0.05})
+    broken["columns"]["mxfp8"] = {"err": None, "cos": None, "nonfinite": None, "inputs_unchanged": None, "error": "x"}
+    row = _check(suite.bar_checks([gauss, broken], {"mxfp8": "mxfp8"}), "sharp", "mxfp8")
+    assert row["ran"] == "fail" and row["finite"] == "n/a" and _check(rows, "sink", "mxfp8")["ran"] == "pass"
 
 
 # ---------------------------------------------------------------- end to end
