@@ -75,10 +75,14 @@ TABLE4_ROWS = {
 }
 
 
+def paper_preset(name: str) -> Recipe:
+    """The paper-faithful preset of ``name``: ``PRESETS[name + "-paper"]`` where it exists, else ``PRESETS[name]``."""
+    return PRESETS.get(name + PAPER_SUFFIX, PRESETS[name])
+
+
 def table4_recipe(row: str, column: str) -> Recipe:
-    """The recipe of one Table 4 cell: the column's operands (Table 3) with the row's components."""
-    base = PRESETS.get(column + PAPER_SUFFIX, PRESETS[column])  # the paper's pipeline, without ROBUST's additions
-    return base.replace(name=f"{column}:{row}", **TABLE4_ROWS[row])
+    """The recipe of one Table 4 cell: the column's paper operands (Table 3) with the row's components."""
+    return paper_preset(column).replace(name=f"{column}:{row}", **TABLE4_ROWS[row])
 
 
 def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):

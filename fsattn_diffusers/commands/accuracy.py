@@ -1,4 +1,5 @@
-"""``fsattn accuracy``: reproduce paper Table 8 (proxy widths) or Table 4 (component ablation)."""
+"""``fsattn accuracy``: reproduce paper Table 8 (proxy widths) or Table 4 (component ablation), or run the
+structured-input suite (``--suite structured``: every input family against exact attention)."""
 
 from __future__ import annotations
 
@@ -12,17 +13,37 @@ import torch
 from ..cli import UsageError
 
 NAME = "accuracy"
-HELP = "reproduce the paper's accuracy tables (Table 8: proxy widths, Table 4: component ablation)"
+HELP = ("reproduce the paper's accuracy tables (Table 8: proxy widths, Table 4: component ablation) or run "
+        "the structured-input suite (--suite structured)")
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--table", type=int, choices=(4, 8), default=4, help="which paper table (default 4)")
-    p.add_argument("--shape", default="1,2,4096,128", help="B,H,S,D for Table 4 (paper: 1,24,32768,128)")
+    p.add_argument("--table", type=int, choices=(4, 8), default=None, help="which paper table (default 4)")
+    p.add_argument("--shape", default=None,
+                   help="B,H,S,D for Table 4 (default 1,2,4096,128; paper: 1,24,32768,128); for the suite "
+                        "B,H,S or B,H,S,D (default 1,2,2048; D then comes from --head-dims)")
     p.add_argument("--seeds", type=int, default=1, help="input seeds averaged for Table 4 (paper: 10)")
     p.add_argument("--query-rows", type=int, default=None,
-                   help="evaluate a fixed random subset of this many query rows (all keys); default all")
+                   help="evaluate a fixed random subset of this many query rows (all keys); default all "
+                        "(the suite on the CPU: 256)")
     p.add_argument("--device", default="cpu", help="torch device for Table 4 (cpu, cuda, ...)")
     p.add_argument("--json", dest="json_path", default=None, help="also write the rows as JSON to this file")
+    p.add_argument("--markdown", dest="markdown_path", default=None, help="suite: also write a markdown report")
+    g = p.add_argument_group("structured-input suite (--suite structured)")
+    g.add_argument("--suite", choices=("structured",), default=None,
+                   help="run the structured-input suite instead of a paper table")
+    g.add_argument("--families", default=None, help="comma-separated input families (default all; see --list-families)")
+    g.add_argument("--list-families", action="store_true", help="print the input families and exit")
+    g.add_argument("--recipes", default=None,
+                   help="comma-separated fsattn presets (default: every preset whose name starts with mxfp)")
+    g.add_argument("--dtypes", default="float16,bfloat16", help="input dtypes (default float16,bfloat16)")
+    g.add_argument("--head-dims", default=None,
+                   help="head dims (default 64,128, or the D of a four-number --shape)")
+    g.add_argument("--backend", default="auto",
+                   help="fsattn backend (default auto: the Triton kernel on CUDA sm_90+, else the emulator)")
+    g.add_argument("--numerics", choices=("mi355x", "sm90"), default=None,
+                   help="override the recipes' numerics (default: each recipe's own)")
+    g.add_argument("--no-external", action="store_true", help="skip FlashAttention-3 and SageAttention columns")
     p.add_argument("--replay", metavar="FILE", default=None,
                    help="rerun the attention calls saved by `fsattn capture --save-worst` (safetensors)")
 
@@ -35,6 +56,106 @@ def _parse_shape(text: str):
     if len(shape) != 4 or min(shape) < 1:
         raise UsageError(f"--shape must be four positive integers B,H,S,D, got {text!r}")
     return shape
+
+
+def _int_list(text: str, flag: str):
+    try:
+        values = [int(x) for x in text.split(",") if x.strip()]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise UsageError(f"{flag} must be comma-separated positive integers, got {text!r}")
+    return values
+
+
+def _name_list(text: str, flag: str, accepted):
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    bad = [n for n in names if n not in accepted]
+    if not names or bad:
+        raise UsageError(f"{flag}: unknown {', '.join(bad) or 'empty list'}; accepted: {', '.join(accepted)}")
+    return names
+
+
+def _device(text: str):
+    try:
+        device = torch.device(text)
+        torch.empty(1, device=device)
+    except (RuntimeError, AssertionError) as exc:
+        raise UsageError(f"--device {text!r} is not usable here ({str(exc).splitlines()[0]})") from None
+    return device
+
+
+def _versions(meta) -> None:
+    from importlib import metadata
+
+    for key, dist in (("triton", "triton"), ("fa3_fwd", "fa3-fwd"), ("sageattention", "sageattention")):
+        try:
+            meta[key] = metadata.version(dist)
+        except metadata.PackageNotFoundError:
+            meta[key] = None
+
+
+def _run_suite(args, meta) -> int:
+    from ..recipe import PRESETS
+    from ..structured_inputs import DESCRIPTIONS, FAMILIES
+    from ..structured_report import checks_text, markdown, text_table
+    from ..structured_suite import DTYPES, bar_checks, default_recipes, run_suite
+
+    if args.list_families:
+        for name in FAMILIES:
+            print(f"{name:<22} {DESCRIPTIONS[name]}")
+        return 0
+    text = args.shape or "1,2,2048"
+    try:
+        shape = tuple(int(x) for x in text.split(","))
+    except ValueError:
+        shape = ()
+    if len(shape) not in (3, 4) or min(shape) < 1:
+        raise UsageError(f"--shape must be B,H,S or B,H,S,D (positive integers), got {text!r}")
+    if args.head_dims is not None:
+        head_dims = _int_list(args.head_dims, "--head-dims")
+    else:
+        head_dims = [shape[3]] if len(shape) == 4 else [64, 128]
+    families = None if args.families is None else _name_list(args.families, "--families", list(FAMILIES))
+    recipes = default_recipes() if args.recipes is None else _name_list(args.recipes, "--recipes", list(PRESETS))
+    dtypes = _name_list(args.dtypes, "--dtypes", list(DTYPES))
+    if args.seeds < 1:
+        raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
+    if args.query_rows is not None and args.query_rows < 1:
+        raise UsageError(f"--query-rows must be at least 1, got {args.query_rows}")
+    device = _device(args.device)
+    query_rows = args.query_rows if args.query_rows is not None or device.type != "cpu" else 256
+    if device.type == "cuda":
+        meta["device"] = torch.cuda.get_device_name(device)
+    _versions(meta)
+    meta.update(suite="structured", shape=list(shape[:3]), head_dims=head_dims, dtypes=dtypes, seeds=args.seeds,
+                query_rows=query_rows, backend=args.backend, numerics=args.numerics, recipes=recipes)
+    from tqdm import tqdm
+
+    def write(result, final):
+        payload = {"suite": "structured", "complete": final, "meta": meta, "result": result,
+                   "checks": bar_checks(result["cases"], result["recipe_formats"])}
+        if args.json_path:
+            with open(args.json_path, "w") as fh:
+                json.dump(payload, fh, indent=1, default=str)
+        if args.markdown_path:
+            with open(args.markdown_path, "w") as fh:
+                fh.write(markdown(payload))
+        return payload
+
+    with tqdm(desc="structured suite", unit="cell", file=sys.stderr) as bar:  # files rewritten after every case
+        result = run_suite(shape[:3], head_dims, dtypes, families, recipes, args.seeds, str(device), args.backend,
+                           query_rows, args.numerics, external=not args.no_external,
+                           progress=lambda *a: bar.update(1), on_case=lambda partial: write(partial, False))
+    payload = write(result, True)
+    print(text_table(result))
+    print(checks_text(payload["checks"]))
+    for note in result["notes"]:
+        print(f"note: {note}")
+    for path in (args.json_path, args.markdown_path):
+        if path:
+            print(f"wrote {path}")
+    return 0
 
 
 def _fmt(v, digits):
@@ -72,6 +193,17 @@ def run(args) -> int:
     meta = {"command": "fsattn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("fsattn") else None,
             "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
             "python": platform.python_version()}
+    if args.suite is not None and args.table is not None:
+        raise UsageError("--suite and --table are exclusive; accepted: one of them")
+    suite_only = {"--families": args.families, "--recipes": args.recipes, "--head-dims": args.head_dims,
+                  "--numerics": args.numerics, "--markdown": args.markdown_path}
+    used = [flag for flag, value in suite_only.items() if value is not None]
+    if args.suite is None and not args.list_families and used:
+        raise UsageError(f"{', '.join(used)} need --suite structured")
+    if args.suite == "structured" or args.list_families:
+        if meta["command"] is None:
+            meta["command"] = "python -m fsattn_diffusers " + " ".join(sys.argv[1:])
+        return _run_suite(args, meta)
     if args.table == 8:
         from ..accuracy import table8
 
@@ -81,7 +213,7 @@ def run(args) -> int:
     else:
         from ..accuracy import TABLE4_COLUMNS, table4
 
-        shape = _parse_shape(args.shape)
+        shape = _parse_shape(args.shape or "1,2,4096,128")
         if args.seeds < 1:
             raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
         try:

@@ -1,0 +1,98 @@
+"""Reference attention and error measures shared by tests and accuracy measurements.
+
+* :func:`exact_attention` — softmax attention in float64 (or float32), chunked over query rows so
+  large shapes fit in memory; returns the output and the natural-log LSE.
+* :func:`relative_error` — the global relative error ``||out - ref||_F / ||ref||_F`` (the paper's
+  measure, as :func:`fsattn_diffusers.accuracy.error_and_cosine` computes it).
+* :func:`cosine` — cosine similarity of the flattened tensors.
+"""
+
+from __future__ import annotations
+
+from typing import Optional, Sequence, Tuple, Union
+
+import torch
+
+from .accuracy import error_and_cosine
+
+# Elements of one score slab (B * H * rows * S_k) per chunk: 2^25 float64 values = 256 MiB.
+_SLAB_ELEMENTS = 1 << 25
+
+
+def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
+                    kv_lens: Optional[Union[torch.Tensor, Sequence[int]]] = None, layout: str = "bhsd",
+                    dtype: torch.dtype = torch.float64, slab_elements: int = _SLAB_ELEMENTS
+                    ) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Exact (non-causal) softmax attention, computed in ``dtype`` on q's device.
+
+    Parameters
+    ----------
+    q : Tensor (B, H, S_q, D) for ``layout="bhsd"`` or (B, S_q, H, D) for ``"bshd"``
+    k, v : Tensor (B, H, S_k, D) or (B, S_k, H, D)
+        Any float dtype; read, never modified.
+    scale : float, optional
+        Softmax scale; default ``D ** -0.5``.
+    kv_lens : int tensor (B,) or sequence of ints, optional
+        Valid keys per batch entry; keys at positions >= kv_lens[b] are ignored. Rows with no valid
+        key give 0 and LSE = -inf.
+    layout : ``"bhsd"`` or ``"bshd"``
+        Layout of the inputs and of the output.
+    dtype : torch.float64 (default) or torch.float32
+        Arithmetic precision.
+    slab_elements : int
+        Upper bound on B * H * rows * S_k per chunk of query rows.
+
+    Returns
+    -------
+    out : Tensor in ``layout``, (B, H, S_q, D) or (B, S_q, H, D), in ``dtype``
+    lse : Tensor (B, H, S_q) in ``dtype``: natural-log log-sum-exp of the scaled scores.
+    """
+    if layout not in ("bhsd", "bshd"):
+        raise ValueError(f"unknown layout {layout!r}; accepted: bhsd, bshd")
+    if dtype not in (torch.float64, torch.float32):
+        raise ValueError(f"dtype must be torch.float64 or torch.float32, got {dtype}")
+    if layout == "bshd":
+        q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
+    b, h, s_q, d = q.shape
+    s_k = k.shape[2]
+    scale = d ** -0.5 if scale is None else float(scale)
+    mask = None
+    if kv_lens is not None:
+        lens = torch.as_tensor(kv_lens, device=q.device).to(torch.int64).reshape(b)
+        mask = torch.arange(s_k, device=q.device)[None, :] < lens[:, None]  # (B, S_k)
+        mask = mask[:, None, None, :]
+    kd, vd = k.to(dtype), v.to(dtype)
+    rows = max(1, slab_elements // max(1, b * h * s_k))
+    outs, lses = [], []
+    for r0 in range(0, s_q, rows):
+        s = torch.matmul(q[:, :, r0:r0 + rows].to(dtype), kd.transpose(-1, -2)) * scale
+        if mask is not None:
+            s = s.masked_fill(~mask, float("-inf"))
+        lse = torch.logsumexp(s, dim=-1)
+        finite = torch.isfinite(lse)
+        p = torch.exp(s - torch.where(finite, lse, torch.zeros_like(lse))[..., None])
+        p = torch.where(finite[..., None], p, torch.zeros_like(p))
+        outs.append(torch.matmul(p, vd))
+        lses.append(lse)
+        del s, p
+    out = torch.cat(outs, dim=2)
+    lse = torch.cat(lses, dim=2)
+    if layout == "bshd":
+        out = out.transpose(1, 2)
+    return out, lse
+
+
+def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Global relative error ``||out - ref||_F / ||ref||_F`` in float64 (paper Table 4's measure)."""
+    return error_and_cosine(out, ref)[0]
+
+
+def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:
+    """Cosine similarity of ``out`` and ``ref`` flattened, in float64."""
+    return error_and_cosine(out, ref)[1]
+
+
+def nonfinite_where_finite(out: torch.Tensor, ref: torch.Tensor) -> int:
+    """Number of elements of ``out`` that are NaN or inf where ``ref`` is finite."""
+    o = out.to(ref.device)
+    return int((~torch.isfinite(o) & torch.isfinite(ref)).sum().item())
