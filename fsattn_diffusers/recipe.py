@@ -161,8 +161,43 @@ PRESETS = {
 }
 
 
+def _field_value(field: dataclasses.Field, text: str):
+    """The value of ``field`` written as ``text`` in a recipe name (``true``/``false``, an int, ``none``, a word)."""
+    kind = str(field.type)
+    low = text.strip().lower()
+    if "bool" in kind:
+        if low not in ("true", "false", "1", "0"):
+            raise ValueError(f"Recipe.{field.name}={text!r} is not a bool; accepted: true, false")
+        return low in ("true", "1")
+    if "int" in kind:
+        try:
+            return int(low)
+        except ValueError:
+            raise ValueError(f"Recipe.{field.name}={text!r} is not an integer") from None
+    if "Optional" in kind and low == "none":
+        return None
+    return low
+
+
+def parse_recipe_name(text: str) -> Recipe:
+    """A preset with changes, written ``"mxfp8+smooth_q"`` or ``"mxfp8+proxy=u32+rollback_cap_log2=24"`` (a bare
+    field name means ``=true``). Unknown presets or fields raise a one-line ValueError."""
+    base, *changes = [part.strip() for part in text.strip().lower().split("+")]
+    if base not in PRESETS:
+        raise ValueError(f"unknown recipe {text!r}; accepted: {', '.join(PRESETS)}, a Recipe, or a preset with "
+                         f"changes such as 'mxfp8+smooth_q'")
+    fields = {f.name: f for f in dataclasses.fields(Recipe) if f.name != "name"}
+    kwargs = {}
+    for change in changes:
+        key, _, value = change.partition("=")
+        if key not in fields:
+            raise ValueError(f"unknown Recipe field {key!r} in {text!r}; accepted: {', '.join(fields)}")
+        kwargs[key] = _field_value(fields[key], value) if value else _field_value(fields[key], "true")
+    return PRESETS[base].replace(name=text.strip().lower(), **kwargs) if kwargs else PRESETS[base]
+
+
 def get_recipe(recipe) -> Recipe:
-    """Resolve a preset name or pass a :class:`Recipe` through.
+    """Resolve a preset name (optionally with changes, see :func:`parse_recipe_name`) or pass a Recipe through.
 
     Raises
     ------
@@ -172,9 +207,6 @@ def get_recipe(recipe) -> Recipe:
     if isinstance(recipe, Recipe):
         return recipe
     if isinstance(recipe, str):
-        key = recipe.strip().lower()
-        if key in PRESETS:
-            return PRESETS[key]
-        raise ValueError(f"unknown recipe {recipe!r}; accepted: {', '.join(PRESETS)} or a Recipe")
+        return parse_recipe_name(recipe)
     raise ValueError(f"recipe must be a preset name or a Recipe, got {type(recipe).__name__}; "
                      f"accepted: {', '.join(PRESETS)} or a Recipe")

@@ -105,3 +105,15 @@ def test_shared_offsets_no_longer_break_mxfp8():
     print(f"errors with a shared +3 offset: {errs}; default recipe on Gaussian inputs {gauss:.4f}")
     assert errs["mxfp8-paper"] > 0.5
     assert errs["mxfp8"] < 2.5 * gauss
+
+
+def test_recipe_names_with_changes():
+    r = fa.get_recipe("mxfp8+smooth_q")
+    assert r.smooth_q and r.name == "mxfp8+smooth_q" and r.replace(smooth_q=False, name="mxfp8") == PRESETS["mxfp8"]
+    r = fa.get_recipe("mxfp8-paper+proxy=u32+rollback_cap_log2=24")
+    assert (r.proxy, r.rollback_cap_log2, r.smooth_k) == ("u32", 24, False)
+    for bad, msg in (("mxfp8+nosuch", "unknown Recipe field"), ("nope", "unknown recipe"),
+                     ("mxfp8+smooth_q=maybe", "not a bool"), ("mxfp8+tile_n=x", "not an integer")):
+        with pytest.raises(ValueError, match=msg) as info:
+            fa.get_recipe(bad)
+        assert "\n" not in str(info.value)

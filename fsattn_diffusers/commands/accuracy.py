@@ -76,6 +76,21 @@ def _name_list(text: str, flag: str, accepted):
     return names
 
 
+def _recipe_list(text: str):
+    """Preset names, optionally with changes (``mxfp8+smooth_q``, :func:`fsattn_diffusers.recipe.parse_recipe_name`)."""
+    from ..recipe import get_recipe
+
+    names = [x.strip() for x in text.split(",") if x.strip()]
+    if not names:
+        raise UsageError(f"--recipes: empty list; accepted: presets (or e.g. mxfp8+smooth_q)")
+    for name in names:
+        try:
+            get_recipe(name)
+        except ValueError as exc:
+            raise UsageError(f"--recipes: {exc}") from None
+    return names
+
+
 def _device(text: str):
     try:
         device = torch.device(text)
@@ -117,7 +132,7 @@ def _run_suite(args, meta) -> int:
     else:
         head_dims = [shape[3]] if len(shape) == 4 else [64, 128]
     families = None if args.families is None else _name_list(args.families, "--families", list(FAMILIES))
-    recipes = default_recipes() if args.recipes is None else _name_list(args.recipes, "--recipes", list(PRESETS))
+    recipes = default_recipes() if args.recipes is None else _recipe_list(args.recipes)
     dtypes = _name_list(args.dtypes, "--dtypes", list(DTYPES))
     if args.seeds < 1:
         raise UsageError(f"--seeds must be at least 1, got {args.seeds}")
