@@ -54,28 +54,26 @@ class Diagnostics:
         the rows' outputs ``o_ref``, ``o`` (..., D)."""
         ok = torch.ones_like(p_ref, dtype=torch.bool) if valid is None else valid.expand_as(p_ref)
         r, t = p_ref.to(torch.float64), p.to(torch.float64)
-        s = self.sums
-        s["rows"] += float(ok.any(dim=-1).sum())
-        s["valid"] += float(ok.sum())
+        zero64 = torch.zeros((), dtype=torch.float64, device=r.device)
+        wsum = lambda mask, x: torch.where(mask, x, zero64).sum()  # noqa: E731
+        vals = {"rows": ok.any(dim=-1).sum(), "valid": ok.sum()}
         for prefix, x in (("ref_", r), ("", t)):
             hi, lo = ok & (x >= HIGH), ok & (x < LOW)
-            s[prefix + "hi_n"] += float(hi.sum())
-            s[prefix + "hi_w"] += float(x[hi].sum())
-            s[prefix + "lo_n"] += float(lo.sum())
-            s[prefix + "lo_w"] += float(x[lo].sum())
+            vals.update({prefix + "hi_n": hi.sum(), prefix + "hi_w": wsum(hi, x), prefix + "lo_n": lo.sum(),
+                         prefix + "lo_w": wsum(lo, x)})
         zero = ok & (t == 0)
-        s["zero_n"] += float(zero.sum())
-        s["dropped_w"] += float(r[zero].sum())
         both = ok & (t > 0) & (r > 0)
-        d = torch.log(t[both]) - torch.log(r[both])
-        s["log_sq"] += float((d * d).sum())
-        s["log_n"] += float(both.sum())
-        s["wlog_sq"] += float((r[both] * d * d).sum())
-        s["wlog_w"] += float(r[both].sum())
-        s["jsd"] += float(jsd_rows(torch.where(ok, r, 0.0), torch.where(ok, t, 0.0))[ok.any(dim=-1)].sum())
+        one = torch.ones((), dtype=torch.float64, device=r.device)
+        d = torch.where(both, torch.log(torch.where(both, t, one)) - torch.log(torch.where(both, r, one)), zero64)
+        vals.update({"zero_n": zero.sum(), "dropped_w": wsum(zero, r), "log_sq": (d * d).sum(), "log_n": both.sum(),
+                     "wlog_sq": (r * d * d).sum(), "wlog_w": wsum(both, r),
+                     "jsd": wsum(ok.any(dim=-1), jsd_rows(torch.where(ok, r, zero64), torch.where(ok, t, zero64)))})
         if o_ref is not None and o is not None:
-            s["out_sq"] += float(((o.to(torch.float64) - o_ref.to(torch.float64)) ** 2).sum())
-            s["ref_sq"] += float((o_ref.to(torch.float64) ** 2).sum())
+            vals["out_sq"] = ((o.to(torch.float64) - o_ref.to(torch.float64)) ** 2).sum()
+            vals["ref_sq"] = (o_ref.to(torch.float64) ** 2).sum()
+        names = list(vals)
+        for name, x in zip(names, torch.stack([vals[n].to(torch.float64) for n in names]).tolist()):
+            self.sums[name] += x
         return self
 
     def result(self) -> Dict[str, float]:
