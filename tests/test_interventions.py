@@ -119,6 +119,8 @@ def test_octave_absolute_lattice_hand_rows():
     # log2 p = -0.737, -1.32: both code 1 on the absolute lattice; the row anchor separates them.
     close(w(ln([0.6, 0.4]), "octave:1:abs"), [0.5, 0.5])
     close(w(ln([0.6, 0.4]), "octave:1"), [2 / 3, 1 / 3])
+    # L = 2: 2 log2 p = -1.47, -2.64 -> codes 1, 3 -> S(-0.5) = 0.75, S(-1.5) = 0.375.
+    close(w(ln([0.6, 0.4]), "octave:2:abs"), [2 / 3, 1 / 3])
     # The lattice is of p, so a shift of every score changes nothing.
     close(w([v + 7.3 for v in ln([0.6, 0.4])], "octave:1:abs"), [0.5, 0.5])
     # 2-bit codes 0..3: log2 p = -0.152, -3.47, -6.64 -> codes 0, 3, 7 (7 > 3: weight 0).

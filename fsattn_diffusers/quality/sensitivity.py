@@ -35,7 +35,7 @@ SENSITIVITY_BACKEND = "fsattn-sensitivity"
 #: Recipe-name prefix that marks an intervention.
 NAME_PREFIX = "iv:"
 #: Query rows per call and batch entry that the diagnostics use by default.
-DEFAULT_ROWS = 64
+DEFAULT_ROWS = 32
 SENS_CSV, SENS_JSON, SENS_MD, DAMAGE_PNG = "sensitivity.csv", "sensitivity.json", "sensitivity.md", "damage_vs_jsd.png"
 #: Columns of sensitivity.csv (video metrics are means over prompts; diagnostics are means of the videos').
 COLUMNS = ("intervention", "family", "videos", "psnr_db", "ssim", "lpips", "mse", "calls") + FIELDS
