@@ -12,7 +12,9 @@ How it is wired: a temporary attention backend (:data:`SENSITIVITY_BACKEND`) rec
 fsattn processors route to it. Each intervention is a policy whose entry is the ``exact`` recipe
 renamed ``iv:<label>`` (``None``, i.e. stock attention, on steps that are not chosen); the backend
 maps that name back to the intervention. Calls of blocks that are not chosen get torch's
-scaled-dot-product attention in the model's dtype, as stock attention computes it.
+scaled-dot-product attention in the model's dtype, as stock attention computes it. Blocks are chosen by
+the index in the layer name (``blocks.<i>.``; HunyuanVideo: the dual- and the single-stream block of
+that index).
 """
 
 from __future__ import annotations
@@ -143,9 +145,10 @@ class _Backend:
             one = Diagnostics()
             _add_rows(one, q[b][:, sel], k[b], v[b], iv, scale, lens)
             _merge(acc, one)
+            res = one.result()
             self.calls[key].append({"step": None if rec is None else rec.step,
                                     "layer": None if rec is None else rec.layer, "batch": b,
-                                    **{f: one.result()[f] for f in ("jsd", "out_rel_err", "log_rmse")}})
+                                    **{f: res[f] for f in ("jsd", "out_rel_err", "log_rmse")}})
         return out, None, None
 
 

@@ -157,6 +157,13 @@ def _cell(x, digits: int = 3) -> str:
     return "nan" if math.isnan(x) else f"{x:.{digits}g}"
 
 
+def _command(argv: List[str]) -> str:
+    """``fsattn ...`` for a run through the CLI (``python -m fsattn_diffusers`` or the script), else argv."""
+    if argv and (argv[0].endswith("__main__.py") or os.path.basename(argv[0]) == "fsattn"):
+        return " ".join(["fsattn"] + list(argv[1:]))
+    return " ".join(argv)
+
+
 def attention_markdown(result: Dict) -> str:
     m = result["meta"]
     lines = ["# fsattn sensitivity --attention-only", "",
@@ -166,7 +173,7 @@ def attention_markdown(result: Dict) -> str:
              f"{m['timestep']}",
              f"* device `{m['device']}`; torch {m['versions']['torch']}, diffusers {m['versions']['diffusers']}, "
              f"Python {m['versions']['python']}; {m['date']}",
-             f"* command: `{' '.join(m['argv'])}`",
+             f"* command: `{_command(m['argv'])}`",
              f"* {len(result['calls'])} self-attention calls (stock SDPA in the forward); per call {m['rows']} "
              f"sampled query rows (seed {m['sample_seed']}), all heads and keys, against exact fp32 softmax",
              f"* build {m['build_s']:.1f} s, forward {m['forward_s']:.1f} s (diagnostics {m['diagnostics_s']:.1f} s "
