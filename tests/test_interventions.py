@@ -91,7 +91,8 @@ def test_octave_row_anchor_hand_rows():
     s = [v * LN2 for v in x]
     close(w(s, "octave:1"), normed([1, 1, 0.5, 0.25, 0.25, 0.125]))  # round half even: -1.5 -> -2, -2.5 -> -2
     close(w(s, "octave:2"), normed([1, 0.75, 0.75, 0.375, 0.1875, 0.125]))
-    close(w([v * LN2 for v in (0.0, -0.25, -0.3, -1.6)], "octave:4"), normed([1, 0.875, 0.875, 0.375]))  # -1.6 -> -1.5: 1.5 x 2^-2
+    # L = 4: -0.3 -> -0.25 (1.75 x 2^-1), -1.6 -> -1.5 (1.5 x 2^-2).
+    close(w([v * LN2 for v in (0.0, -0.25, -0.3, -1.6)], "octave:4"), normed([1, 0.875, 0.875, 0.375]))
     # L = 4: every weight is {1, 1.25, 1.5, 1.75} x 2^n.
     g = torch.Generator().manual_seed(1)
     p = weights(torch.randn(4, 512, generator=g) * 4, parse_intervention("octave:4"))
@@ -195,7 +196,8 @@ def test_diagnostics_hand_row():
 
 def test_call_diagnostics_exact_is_zero_and_heads_chunk():
     g = torch.Generator().manual_seed(4)
-    q, k, v = torch.randn(4, 5, 16, generator=g), torch.randn(4, 30, 16, generator=g), torch.randn(4, 30, 16, generator=g)
+    q = torch.randn(4, 5, 16, generator=g)
+    k, v = torch.randn(4, 30, 16, generator=g), torch.randn(4, 30, 16, generator=g)
     a = call_diagnostics(q, k, v, ["exact", "top:0.1", "scale:0.5"], scale=0.25, kv_len=20)
     b = call_diagnostics(q, k, v, ["exact", "top:0.1", "scale:0.5"], scale=0.25, kv_len=20, chunk_elements=1)
     print(a)

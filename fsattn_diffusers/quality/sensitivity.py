@@ -121,7 +121,6 @@ class _Backend:
 
     def __call__(self, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
         from .analysis import sample_rows
-        from .diagnostics import call_diagnostics
 
         iv = self.by_name.get(recipe.name)
         rec = self._record()
@@ -153,11 +152,11 @@ class _Backend:
 
 
 def _add_rows(acc: Diagnostics, q, k, v, iv, scale, kv_len) -> None:
-    from ..interventions import Intervention as Iv, Kind, valid_keys, weights
+    from ..interventions import Kind, valid_keys, weights
 
     valid = valid_keys(k.shape[1], kv_len, q.device)
     s = torch.matmul(q.to(torch.float32), k.to(torch.float32).transpose(-1, -2)) * scale
-    p_ref, p = weights(s, Iv(Kind.EXACT), valid), weights(s, iv, valid)
+    p_ref, p = weights(s, Intervention(Kind.EXACT), valid), weights(s, iv, valid)
     vf = v.to(torch.float32)
     acc.add(p_ref, p, valid, p_ref @ vf, p @ vf)
 

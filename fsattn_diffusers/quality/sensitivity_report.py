@@ -13,7 +13,6 @@ import os
 import time
 from typing import Dict, List
 
-from .diagnostics import FIELDS
 from .results import csv_text, jsonable
 
 #: Video-damage axes of the damage-vs-JSD figure: (key, label, transform).
