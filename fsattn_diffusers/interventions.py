@@ -37,6 +37,12 @@ over the row's valid keys) by other weights, renormalized to sum to one over the
     ``w_j = S(x_j)`` unrounded (linear interpolation between powers of two, anchored at the maximum).
 ``scale:A``
     ``softmax(A * s)``: ``A < 1`` flattens, ``A > 1`` sharpens.
+``flatten:J`` / ``sharpen:J``
+    ``scale:A`` with ``A < 1`` / ``A > 1`` chosen per attention call (and batch entry) so that the mean
+    row-wise Jensen-Shannon divergence from softmax of :data:`MATCH_ROWS` sampled query rows (fixed seed)
+    is ``J`` nats (bisection on ``log A`` within ``[1/MATCH_RANGE, MATCH_RANGE]``; the bound when ``J`` is
+    out of reach): flattening and sharpening at equal JSD. :func:`resolve_for_call` turns one into the
+    concrete ``scale:A`` of a call; :func:`weights` needs the resolved one.
 
 Rows without a valid key get all-zero weights (and a zero attention output).
 """
@@ -65,11 +71,16 @@ class Kind(str, Enum):
     OCTAVE = "octave"
     LERP2 = "lerp2"
     SCALE = "scale"
+    FLATTEN = "flatten"
+    SHARPEN = "sharpen"
 
 
 ANCHORS = ("row", "abs")
 SYNTAX = ("exact, top:F, equal:F (0 < F <= 1), grid:K:R (K >= 1 steps, ratio R > 0), octave:L, "
-          "octave:L:abs[:BITS] (L >= 1 levels per octave), lerp2, scale:A (A > 0)")
+          "octave:L:abs[:BITS] (L >= 1 levels per octave), lerp2, scale:A (A > 0), flatten:J, sharpen:J "
+          "(0 < J < ln 2, JSD in nats)")
+#: Query rows, seed, bisection steps and alpha range of the JSD-matched scalings.
+MATCH_ROWS, MATCH_SEED, MATCH_ITERS, MATCH_RANGE = 32, 0, 30, 1e3
 
 
 def _number(text: str, what: str, kind: type = float):
@@ -98,6 +109,8 @@ class Intervention:
         ``octave`` with ``anchor="abs"``: codes ``0 .. 2^bits - 1``.
     alpha : float
         ``scale``: score multiplier.
+    target : float
+        ``flatten`` / ``sharpen``: the mean row-wise JSD (nats) to match.
     """
 
     kind: Kind
@@ -108,6 +121,7 @@ class Intervention:
     anchor: str = "row"
     bits: int = DEFAULT_ABS_BITS
     alpha: float = 1.0
+    target: float = 0.005
 
     def __post_init__(self):
         object.__setattr__(self, "kind", Kind(self.kind))
@@ -121,6 +135,8 @@ class Intervention:
                   f"(accepted: L >= 1, anchor row or abs, 1 <= bits <= 16)"
         elif self.kind is Kind.SCALE and (not self.alpha > 0 or not math.isfinite(self.alpha)):
             bad = f"alpha {self.alpha} (accepted: finite A > 0)"
+        elif self.kind in (Kind.FLATTEN, Kind.SHARPEN) and not 0.0 < self.target < math.log(2.0):
+            bad = f"JSD target {self.target} (accepted: 0 < J < ln 2)"
         if bad:
             raise ValueError(f"unsupported intervention {bad}")
 
@@ -139,6 +155,8 @@ class Intervention:
                 return f"octave:{self.levels}"
             tail = "" if self.bits == DEFAULT_ABS_BITS else f":{self.bits}"
             return f"octave:{self.levels}:abs{tail}"
+        if k in (Kind.FLATTEN, Kind.SHARPEN):
+            return f"{k.value}:{self.target:g}"
         return f"scale:{self.alpha:g}"
 
     @property
@@ -158,7 +176,7 @@ def parse_intervention(text) -> Intervention:
     except ValueError:
         raise ValueError(f"unknown intervention {text!r}; accepted: {SYNTAX}") from None
     need = {Kind.EXACT: (0, 0), Kind.LERP2: (0, 0), Kind.TOP: (1, 1), Kind.EQUAL: (1, 1), Kind.GRID: (2, 2),
-            Kind.OCTAVE: (1, 3), Kind.SCALE: (1, 1)}[kind]
+            Kind.OCTAVE: (1, 3), Kind.SCALE: (1, 1), Kind.FLATTEN: (1, 1), Kind.SHARPEN: (1, 1)}[kind]
     if not need[0] <= len(args) <= need[1]:
         raise ValueError(f"intervention {text!r} has {len(args)} argument(s); accepted: {SYNTAX}")
     if kind in (Kind.TOP, Kind.EQUAL):
@@ -175,6 +193,8 @@ def parse_intervention(text) -> Intervention:
         return Intervention(kind, levels=_number(args[0], "levels", int), anchor=anchor, bits=bits)
     if kind is Kind.SCALE:
         return Intervention(kind, alpha=_number(args[0], "alpha"))
+    if kind in (Kind.FLATTEN, Kind.SHARPEN):
+        return Intervention(kind, target=_number(args[0], "JSD target"))
     return Intervention(kind)
 
 
@@ -234,6 +254,8 @@ def weights(scores: torch.Tensor, iv: Intervention, valid: Optional[torch.Tensor
     -------
     Tensor (..., S_k) float32: rows sum to 1 over the valid keys (0 elsewhere; all 0 without a valid key).
     """
+    if iv.kind in (Kind.FLATTEN, Kind.SHARPEN):
+        raise ValueError(f"{iv.label} chooses its scale per call; resolve it first with resolve_for_call")
     s = _masked(scores.to(torch.float32), valid)
     m = s.amax(dim=-1, keepdim=True)
     has = torch.isfinite(m)
@@ -280,6 +302,46 @@ def weights(scores: torch.Tensor, iv: Intervention, valid: Optional[torch.Tensor
     return torch.where(total > 0, w / torch.where(total > 0, total, torch.ones_like(total)), torch.zeros_like(w))
 
 
+def match_scale(scores: torch.Tensor, valid: Optional[torch.Tensor], target: float, sharpen: bool) -> float:
+    """The alpha (> 1 with ``sharpen``, else < 1) whose ``scale:alpha`` has mean row-wise JSD ``target``
+    from softmax on these rows of scores (..., S_k); bisection on ``log alpha``."""
+    from .quality.diagnostics import jsd_rows
+
+    exact = Intervention(Kind.EXACT)
+    p = weights(scores, exact, valid)
+    rows = p.sum(dim=-1) > 0
+    if not bool(rows.any()):
+        return 1.0
+    lo, hi = (0.0, math.log(MATCH_RANGE)) if sharpen else (-math.log(MATCH_RANGE), 0.0)
+    for _ in range(MATCH_ITERS):
+        mid = 0.5 * (lo + hi)
+        q = weights(scores, Intervention(Kind.SCALE, alpha=math.exp(mid)), valid)
+        farther = float(jsd_rows(p, q)[rows].mean()) > target  # JSD grows as alpha moves away from 1
+        if sharpen:
+            lo, hi = (lo, mid) if farther else (mid, hi)
+        else:
+            lo, hi = (mid, hi) if farther else (lo, mid)
+    return math.exp(0.5 * (lo + hi))
+
+
+def resolve_for_call(iv, q: torch.Tensor, k: torch.Tensor, *, scale: float, kv_len: Optional[int] = None):
+    """``iv`` itself, or for ``flatten:J`` / ``sharpen:J`` the ``scale:A`` matched on this call.
+
+    ``q`` (H, S_q, D) and ``k`` (H, S_k, D) of one batch entry; :data:`MATCH_ROWS` query rows are
+    sampled with :data:`MATCH_SEED`.
+    """
+    iv = parse_intervention(iv)
+    if iv.kind not in (Kind.FLATTEN, Kind.SHARPEN):
+        return iv
+    n = q.shape[1]
+    sel = torch.arange(n) if n <= MATCH_ROWS else \
+        torch.randperm(n, generator=torch.Generator().manual_seed(MATCH_SEED))[:MATCH_ROWS].sort().values
+    with torch.no_grad():
+        s = torch.matmul(q[:, sel.to(q.device)].to(torch.float32), k.to(torch.float32).transpose(-1, -2)) * scale
+        alpha = match_scale(s, valid_keys(k.shape[1], kv_len, q.device), iv.target, iv.kind is Kind.SHARPEN)
+    return Intervention(Kind.SCALE, alpha=alpha)
+
+
 def valid_keys(s_k: int, kv_len: Optional[int], device) -> Optional[torch.Tensor]:
     """Bool (S_k,) of the first ``kv_len`` keys, or ``None`` when all are valid."""
     if kv_len is None or kv_len >= s_k:
@@ -304,7 +366,7 @@ def intervened_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, iv, 
     Parameters
     ----------
     q : Tensor (B, H, S_q, D); k : Tensor (B, H, S_k, D); v : Tensor (B, H, S_k, D_v) — never modified.
-    iv : Intervention or label
+    iv : Intervention or label (``flatten`` / ``sharpen`` are resolved per batch entry)
     scale : float, optional
         Softmax scale (default ``D ** -0.5``).
     kv_lens : int64 Tensor (B,), optional
@@ -325,14 +387,18 @@ def intervened_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, iv, 
     out = torch.empty((b, h, s_q, v.shape[3]), dtype=torch.float32, device=q.device)
     with torch.no_grad():
         for i in range(b):
-            valid = valid_keys(s_k, None if kv_lens is None else int(kv_lens[i]), q.device)
+            kv_len = None if kv_lens is None else int(kv_lens[i])
+            valid = valid_keys(s_k, kv_len, q.device)
+            ivb = resolve_for_call(iv, q[i], k[i], scale=scale, kv_len=kv_len)
             kb, vb = k[i].to(torch.float32), v[i].to(torch.float32)
             for r0 in range(0, s_q, rows):
                 s = torch.matmul(q[i, :, r0:r0 + rows].to(torch.float32), kb.transpose(-1, -2)) * scale
-                out[i, :, r0:r0 + rows] = torch.matmul(weights(s, iv, valid), vb)
+                out[i, :, r0:r0 + rows] = torch.matmul(weights(s, ivb, valid), vb)
     return out
 
 
-#: The default set of ``fsattn sensitivity``: six kinds x two settings, plus the exact control.
+#: The default set of ``fsattn sensitivity``: six kinds x two settings, the exact control, and flattening
+#: and sharpening matched to one JSD.
 DEFAULT_INTERVENTIONS = ("exact", "top:0.5", "top:0.1", "equal:0.5", "equal:1", "grid:16:1", "grid:16:4",
-                         "octave:1", "octave:2", "octave:1:abs", "octave:2:abs", "scale:0.8", "scale:1.25")
+                         "octave:1", "octave:2", "octave:1:abs", "octave:2:abs", "scale:0.8", "scale:1.25",
+                         "flatten:0.005", "sharpen:0.005")

@@ -207,3 +207,31 @@ def test_call_diagnostics_exact_is_zero_and_heads_chunk():
     for label in a:
         for f, x in a[label].items():
             assert x == pytest.approx(b[label][f], rel=1e-6, abs=1e-9), (label, f)  # fp32 matmuls per head chunk
+
+
+def test_flatten_and_sharpen_match_the_jsd():
+    from fsattn_diffusers.interventions import MATCH_ROWS, resolve_for_call
+
+    g = torch.Generator().manual_seed(5)
+    q, k = torch.randn(2, MATCH_ROWS, 16, generator=g), torch.randn(2, 50, 16, generator=g)
+    s = q @ k.transpose(-1, -2) * 0.5
+    exact = weights(s, Intervention(Kind.EXACT))
+    got = {}
+    for label in ("flatten:0.01", "sharpen:0.01"):
+        use = resolve_for_call(label, q, k, scale=0.5)
+        jsd = float(jsd_rows(exact, weights(s, use)).mean())
+        got[label] = (use.alpha, jsd)
+        assert jsd == pytest.approx(0.01, rel=1e-3)
+    print(got)
+    assert got["flatten:0.01"][0] < 1 < got["sharpen:0.01"][0]
+    assert resolve_for_call("top:0.5", q, k, scale=0.5) == parse_intervention("top:0.5")
+    with pytest.raises(ValueError, match="resolve"):
+        weights(s, parse_intervention("flatten:0.01"))
+    with pytest.raises(ValueError, match="JSD target"):
+        parse_intervention("sharpen:1")
+    d = call_diagnostics(q, k, k, ["flatten:0.01", "sharpen:0.01"], scale=0.5)
+    print({lab: (x["alpha"], x["jsd"]) for lab, x in d.items()})
+    assert d["flatten:0.01"]["jsd"] == pytest.approx(0.01, rel=1e-3) and d["sharpen:0.01"]["alpha"] > 1
+    out = intervened_attention(q[None], k[None], k[None], "sharpen:0.01", scale=0.5)
+    want = weights(s, Intervention(Kind.SCALE, alpha=got["sharpen:0.01"][0])) @ k
+    assert torch.allclose(out[0], want, atol=1e-5)

@@ -61,7 +61,7 @@ def test_cli_sensitivity_end_to_end(tmp_path, capsys):
 
 def test_sensitivity_on_chosen_steps_and_blocks(tmp_path, capsys):
     out = str(tmp_path / "sel")
-    rc = cli.main(["sensitivity", "--prompt", PROMPT, "--interventions", "top:0.1", "--at-steps", "1",
+    rc = cli.main(["sensitivity", "--prompt", PROMPT, "--interventions", "top:0.1,sharpen:0.01", "--at-steps", "1",
                    "--at-blocks", "0", "--rows", "4", "--no-lpips", "--no-warmup", "--out", out] + SMALL_ARGS)
     assert rc == 0
     table = _table(out)
@@ -69,8 +69,12 @@ def test_sensitivity_on_chosen_steps_and_blocks(tmp_path, capsys):
     row = table["top:0.1@steps=1@blocks=0"]
     assert int(row["calls"]) == 2  # step 1, block 0, cond + uncond
     with open(os.path.join(out, "sensitivity.json")) as fh:
-        calls = json.load(fh)["videos"][0]["calls"]
+        videos = {v["intervention"]: v for v in json.load(fh)["videos"]}
+    calls = videos["top:0.1@steps=1@blocks=0"]["calls"]
     assert {c["step"] for c in calls} == {1} and all(".blocks.0." in c["layer"] for c in calls)
+    sharp = videos["sharpen:0.01@steps=1@blocks=0"]["calls"]
+    print([(c["alpha"], c["jsd"]) for c in sharp])
+    assert len(sharp) == 2 and all(c["alpha"] > 1 for c in sharp)
 
 
 def test_index_sets():

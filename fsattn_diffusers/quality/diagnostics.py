@@ -107,14 +107,16 @@ def call_diagnostics(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interven
 
     Returns
     -------
-    ``{label: {field: value}}`` (:data:`FIELDS`), ``out_rel_err`` against exact fp32 attention.
+    ``{label: {field: value}}`` (:data:`FIELDS`), ``out_rel_err`` against exact fp32 attention; ``alpha``
+    too for ``flatten`` / ``sharpen`` (the scale matched on these rows).
     """
-    from ..interventions import Intervention, Kind, parse_intervention, valid_keys, weights
+    from ..interventions import Intervention, Kind, parse_intervention, resolve_for_call, valid_keys, weights
 
     ivs = [parse_intervention(i) for i in interventions]
     h, r, d = q.shape
     s_k = k.shape[1]
     scale = d ** -0.5 if scale is None else float(scale)
+    resolved = [resolve_for_call(iv, q, k, scale=scale, kv_len=kv_len) for iv in ivs]
     valid = valid_keys(s_k, kv_len, q.device)
     exact = Intervention(Kind.EXACT)
     acc = {iv.label: Diagnostics() for iv in ivs}
@@ -126,10 +128,14 @@ def call_diagnostics(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, interven
             s = s * scale
             p_ref = weights(s, exact, valid)
             o_ref = torch.matmul(p_ref, vb)
-            for iv in ivs:
-                p = weights(s, iv, valid)
+            for iv, use in zip(ivs, resolved):
+                p = weights(s, use, valid)
                 acc[iv.label].add(p_ref, p, valid, o_ref, torch.matmul(p, vb))
-    return {label: a.result() for label, a in acc.items()}
+    out = {label: a.result() for label, a in acc.items()}
+    for iv, use in zip(ivs, resolved):
+        if use is not iv:  # a JSD-matched scaling: the alpha chosen for this call
+            out[iv.label]["alpha"] = use.alpha
+    return out
 
 
 def flat_fields(diag: Dict[str, Dict[str, float]]) -> Dict[str, float]:

@@ -134,20 +134,28 @@ class _Backend:
                 mask = (torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None])[:, None, None, :]
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             return out.to(q.dtype), None, None
-        out = intervened_attention(q, k, v, iv, scale=scale, kv_lens=kv_lens).to(q.dtype)
+        from ..interventions import resolve_for_call
+
         key = self.current
         acc = self.acc.setdefault(key, Diagnostics())
+        outs = []
         for b in range(q.shape[0]):
             n = len(self.calls.setdefault(key, []))
             lens = None if kv_lens is None else int(kv_lens[b])
+            use = resolve_for_call(iv, q[b], k[b], scale=scale, kv_len=lens)
+            outs.append(intervened_attention(q[b:b + 1], k[b:b + 1], v[b:b + 1], use, scale=scale,
+                                             kv_lens=None if kv_lens is None else kv_lens[b:b + 1]))
             sel = sample_rows(q.shape[2], self.rows, self.seed + 7919 * n).to(q.device)
             one = Diagnostics()
-            _add_rows(one, q[b][:, sel], k[b], v[b], iv, scale, lens)
+            _add_rows(one, q[b][:, sel], k[b], v[b], use, scale, lens)
             _merge(acc, one)
             res = one.result()
-            self.calls[key].append({"step": None if rec is None else rec.step,
-                                    "layer": None if rec is None else rec.layer, "batch": b,
-                                    **{f: res[f] for f in ("jsd", "out_rel_err", "log_rmse")}})
+            call = {"step": None if rec is None else rec.step, "layer": None if rec is None else rec.layer,
+                    "batch": b, **{f: res[f] for f in ("jsd", "out_rel_err", "log_rmse")}}
+            if use is not iv:
+                call["alpha"] = use.alpha
+            self.calls[key].append(call)
+        out = torch.cat(outs, dim=0).to(q.dtype)
         return out, None, None
 
 
