@@ -19,6 +19,7 @@ that index).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import json
 import os
@@ -42,6 +43,27 @@ SENS_CSV, SENS_JSON, SENS_MD, DAMAGE_PNG = "sensitivity.csv", "sensitivity.json"
 #: Columns of sensitivity.csv (video metrics are means over prompts; diagnostics are means of the videos').
 COLUMNS = ("intervention", "family", "videos", "psnr_db", "ssim", "lpips", "mse", "calls") + FIELDS
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
+#: CPU calls with at most this many scores run the intervention math on one thread (see :func:`_one_thread`).
+SMALL_CALL_SCORES = 1 << 22
+
+
+@contextlib.contextmanager
+def _one_thread(t: torch.Tensor, scores: int):
+    """One intra-op thread for a small CPU call, restored afterwards.
+
+    The interventions and diagnostics are many small tensor operations; on a CPU shared with other
+    processes each parallel one waits for descheduled worker threads, which made a tiny-model run
+    ~10x slower with two threads than with one. Large calls keep every thread.
+    """
+    n = torch.get_num_threads()
+    if t.device.type != "cpu" or scores > SMALL_CALL_SCORES or n == 1:
+        yield
+        return
+    torch.set_num_threads(1)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
 
 
 def parse_index_set(text: Optional[str], what: str) -> Optional[frozenset]:
@@ -120,8 +142,6 @@ class _Backend:
         return recs[-1] if recs else None
 
     def __call__(self, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
-        from .analysis import sample_rows
-
         iv = self.by_name.get(recipe.name)
         rec = self._record()
         block = None
@@ -134,7 +154,12 @@ class _Backend:
                 mask = (torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None])[:, None, None, :]
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             return out.to(q.dtype), None, None
+        with _one_thread(q, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]):
+            return self._intervene(q, k, v, iv, rec, scale, kv_lens), None, None
+
+    def _intervene(self, q, k, v, iv, rec, scale, kv_lens):
         from ..interventions import resolve_for_call
+        from .analysis import sample_rows
 
         key = self.current
         acc = self.acc.setdefault(key, Diagnostics())
@@ -155,8 +180,7 @@ class _Backend:
             if use is not iv:
                 call["alpha"] = use.alpha
             self.calls[key].append(call)
-        out = torch.cat(outs, dim=0).to(q.dtype)
-        return out, None, None
+        return torch.cat(outs, dim=0).to(q.dtype)
 
 
 def _add_rows(acc: Diagnostics, q, k, v, iv, scale, kv_len) -> None:
