@@ -10,7 +10,7 @@ import argparse
 import importlib
 import sys
 
-COMMANDS = ("generate", "accuracy", "info", "bench", "e2e", "sweep", "capture")
+COMMANDS = ("generate", "accuracy", "info", "bench", "e2e", "sweep", "capture", "sensitivity")
 
 
 class UsageError(Exception):

@@ -29,6 +29,9 @@ def add_arguments(p) -> None:
                    help="comma list of recipes analysed on every call (default: %(default)s)")
     p.add_argument("--rows", type=int, default=DEFAULT_ROWS,
                    help="query rows sampled per call (all keys; default: %(default)s)")
+    p.add_argument("--interventions", default="octave:2", metavar="LIST",
+                   help="softmax interventions whose diagnostics (JSD, log errors, mass concentration against exact "
+                        "softmax) every call also records; empty for none (default: %(default)s)")
     p.add_argument("--sample-seed", type=int, default=0, help="seed of the row sampling (default: %(default)s)")
     p.add_argument("--backend", default="emulator",
                    help="attention backend of the analysis (default: %(default)s, the reference numerics)")
@@ -55,6 +58,12 @@ def _validate(args):
         raise UsageError(str(exc)) from None
     if os.path.exists(args.out) and not os.path.isdir(args.out):
         raise UsageError(f"--out {args.out} exists and is not a folder")
+    from ..interventions import parse_intervention
+
+    try:
+        args.interventions = [parse_intervention(i) for i in args.interventions.split(",") if i.strip()]
+    except ValueError as exc:
+        raise UsageError(str(exc)) from None
     return recipes
 
 
@@ -71,9 +80,9 @@ def run(args) -> int:
     os.makedirs(args.out, exist_ok=True)
     captured = run_capture(pipe, spec, args.prompt, os.path.join(args.out, "capture.mp4"), recipes=recipes,
                            rows=args.rows, seed=args.sample_seed, backend=args.backend,
-                           save_worst=args.save_worst)
+                           save_worst=args.save_worst, interventions=args.interventions)
     meta = {"prompt": args.prompt, "spec": spec.key(), "rows": args.rows, "backend": args.backend,
-            "sample_seed": args.sample_seed}
+            "sample_seed": args.sample_seed, "interventions": [i.label for i in args.interventions]}
     files = dict(write_capture_outputs(captured, args.out, meta), video=captured.video)
     with open(files["summary"], encoding="utf-8") as fh:
         print(fh.read().split("\n![", 1)[0].rstrip())

@@ -28,6 +28,8 @@ CAPTURE_BACKEND = "fsattn-capture"
 BRANCHES = ("cond", "uncond")
 #: Spreads the per-call row-sampling seeds apart.
 SEED_STRIDE = 7919
+#: Softmax interventions diagnosed on every call by default (Rowmax-H15's levels).
+DEFAULT_INTERVENTIONS = ("octave:2",)
 
 
 def branch_label(position: int) -> str:
@@ -43,13 +45,16 @@ class Captured:
     worst: list = field(default_factory=list)  # heap of (badness, n, tensors)
     video: Optional[str] = None
     summary: List[str] = field(default_factory=list)
+    #: Softmax-diagnostic columns of the rows (:func:`softmax_fields`).
+    diag_columns: List[str] = field(default_factory=list)
 
 
 class _Observer:
     """The temporary backend's state: labels of the current call and the analysis of each call."""
 
-    def __init__(self, pipe, recipes, rows: int, seed: int, backend: str, save_worst: int):
+    def __init__(self, pipe, recipes, rows: int, seed: int, backend: str, save_worst: int, interventions=()):
         self.pipe, self.recipes, self.rows, self.seed = pipe, recipes, rows, seed
+        self.interventions = list(interventions)
         self.backend, self.save_worst = backend, save_worst
         self.names = [r.name for r in recipes]
         self.result = Captured(recipes)
@@ -111,6 +116,10 @@ class _Observer:
                    "rows": int(sel.numel()), "kv_len": None if lens is None else int(lens[0]),
                    "dtype": str(q.dtype).replace("torch.", "")}
             row.update(analyse(qs, kb, vb, self.recipes, scale=scale, kv_lens=lens, backend=self.backend))
+            diag = softmax_fields(qs[0], kb[0], vb[0], self.interventions, scale, None if lens is None else int(lens[0]))
+            if not self.result.diag_columns:
+                self.result.diag_columns = list(diag)
+            row.update(diag)
             self.result.rows.append(row)
             self._keep_if_worst(row, qs, kb, vb, lens, scale)
 
@@ -131,9 +140,24 @@ class _Observer:
             heapq.heapreplace(heap, item)
 
 
+def softmax_fields(q, k, v, interventions, scale, kv_len) -> Dict[str, float]:
+    """Softmax diagnostics of one call's sampled rows (q (H, R, D), k / v (H, S_k, D)).
+
+    ``p_share_hi``, ``p_mass_hi``, ``p_share_lo``, ``p_mass_lo``: mass concentration of the exact softmax;
+    ``<intervention>_<field>``: the :mod:`.diagnostics` fields of each intervention against it.
+    """
+    from .diagnostics import call_diagnostics, flat_fields
+
+    labels = [getattr(i, "label", i) for i in interventions]
+    fields = flat_fields(call_diagnostics(q, k, v, ["exact"] + labels, scale=scale, kv_len=kv_len))
+    if "exact" not in labels:
+        fields = {key: x for key, x in fields.items() if not key.startswith("exact_")}
+    return fields
+
+
 def run_capture(pipe, spec, prompt: str, out_video: str, recipes: Sequence = ("mxfp8", "mxfp6", "mxfp4"),
                 rows: int = DEFAULT_ROWS, seed: int = 0, backend: str = "emulator", save_worst: int = 0,
-                progress: bool = True) -> Captured:
+                progress: bool = True, interventions: Sequence = DEFAULT_INTERVENTIONS) -> Captured:
     """Run ``pipe`` once in bf16 (stock attention numerics) and analyse every self-attention call.
 
     Parameters
@@ -145,6 +169,8 @@ def run_capture(pipe, spec, prompt: str, out_video: str, recipes: Sequence = ("m
     seed : seed of the row sampling.
     backend : attention backend of the analysis (``"emulator"``: the reference numerics).
     save_worst : keep the Q/K/V of this many worst calls (by rollback rate, then error).
+    interventions : softmax interventions whose diagnostics each call also gets (:func:`softmax_fields`;
+        the exact softmax's mass concentration is always recorded).
 
     Returns
     -------
@@ -160,7 +186,10 @@ def run_capture(pipe, spec, prompt: str, out_video: str, recipes: Sequence = ("m
         raise ValueError(f"rows={rows} is not supported; accepted: an int >= 1")
     if save_worst < 0:
         raise ValueError(f"save_worst={save_worst} is not supported; accepted: an int >= 0")
-    observer = _Observer(pipe, resolve_recipes(recipes), rows, seed, backend, save_worst)
+    from ..interventions import parse_intervention
+
+    ivs = [parse_intervention(i) for i in interventions]
+    observer = _Observer(pipe, resolve_recipes(recipes), rows, seed, backend, save_worst, ivs)
     registered()  # load the stock backends first, so ours is only added
     register_backend(Backend(CAPTURE_BACKEND, observer, lambda device: None, lambda *a, **kw: None))
     observer.attach()

@@ -90,6 +90,7 @@ def summary_lines(captured, meta: Dict) -> List[str]:
         lines.append(f"| {s['recipe']} | {_fmt(s['median_rollback_rate'])} | {_fmt(s['max_rollback_rate'])} | "
                      f"{s['calls_with_rollback']}/{s['calls']} | {_fmt(s['median_err_pct'])} | "
                      f"{_fmt(s['max_err_pct'])} | {_fmt(s['median_conv_err_pct'])} | {_fmt(s['max_conv_err_pct'])} |")
+    lines += softmax_lines(captured.rows, list(getattr(captured, "diag_columns", [])))
     lines += ["", f"## {WORST_LISTED} worst calls (highest rollback rate over the recipes, then highest error)", "",
               "| call | step | layer | branch | " + " | ".join(f"{n} rollback / err % / conv %" for n in names) + " |",
               "| --- | --- | --- | --- | " + " | ".join("---" for _ in names) + " |"]
@@ -97,6 +98,24 @@ def summary_lines(captured, meta: Dict) -> List[str]:
         cells = [f"{_fmt(r.get(f'{n}_rollback_rate'))} / {_fmt(r.get(f'{n}_err_pct'))} / "
                  f"{_fmt(r.get(f'{n}_conv_err_pct'))}" for n in names]
         lines.append(f"| {r['call']} | {r['step']} | {r['layer']} | {r['branch']} | " + " | ".join(cells) + " |")
+    return lines
+
+
+def softmax_lines(rows: List[Dict], columns: List[str]) -> List[str]:
+    """Means over calls of the exact softmax's mass concentration and of each intervention's JSD / errors."""
+    if not columns:
+        return []
+    mean = lambda key: statistics.fmean(_values(rows, key)) if _values(rows, key) else None  # noqa: E731
+    lines = ["", "Exact softmax of the sampled rows (mean over calls): "
+             f"{_fmt(mean('p_share_hi'))} of positions have p >= 0.1 and carry {_fmt(mean('p_mass_hi'))} of the "
+             f"weight per row; {_fmt(mean('p_share_lo'))} have p < 1e-4 and carry {_fmt(mean('p_mass_lo'))}."]
+    labels = list(dict.fromkeys(c[:-len("_jsd")] for c in columns if c.endswith("_jsd")))
+    if labels:
+        lines += ["", "| intervention | mean JSD | mean log RMSE | mean weighted log err | mean out err |",
+                  "| --- | --- | --- | --- | --- |"]
+        for n in labels:
+            lines.append(f"| {n} | {_fmt(mean(n + '_jsd'))} | {_fmt(mean(n + '_log_rmse'))} | "
+                         f"{_fmt(mean(n + '_weighted_log_err'))} | {_fmt(mean(n + '_out_rel_err'))} |")
     return lines
 
 
@@ -127,6 +146,7 @@ def write_capture_outputs(captured, out: str, meta: Dict) -> Dict[str, str]:
     files = {"csv": os.path.join(out, CALLS_CSV), "json": os.path.join(out, CALLS_JSON),
              "summary": os.path.join(out, SUMMARY_MD)}
     columns = list(BASE_COLUMNS) + [f"{n}_{f}" for n in names for f in RECIPE_FIELDS]
+    columns += list(getattr(captured, "diag_columns", []))  # softmax diagnostics (capture.softmax_fields)
     with open(files["csv"], "w", newline="") as fh:
         writer = csv.DictWriter(fh, fieldnames=columns, extrasaction="ignore")
         writer.writeheader()
