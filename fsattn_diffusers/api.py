@@ -119,7 +119,7 @@ def attention(
         float64 attention, so the damage is what exact attention gives (one NaN in q: its row; one +inf
         in k: the rows whose score with that key is +inf) and the other slices are the recipe's values.
         With ``True`` a ``ValueError`` naming the tensors and counts. The check costs one read of q, k,
-        v and one host sync per call; it is skipped while ``torch.compile`` traces (NUMERICS.md section 7).
+        v and one host sync per call; it is skipped while ``torch.compile`` traces (NUMERICS.md section 8).
 
     Gradients: with grad mode on and an input that requires grad, recipes without quantized operands
     and with the exact exponential (``exact``, ``bf16``) run a differentiable PyTorch path (the

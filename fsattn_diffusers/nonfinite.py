@@ -1,4 +1,4 @@
-"""Non-finite inputs (NaN, +-inf): detection and repair, the same for every backend (NUMERICS.md section 7).
+"""Non-finite inputs (NaN, +-inf): detection and repair, the same for every backend (NUMERICS.md section 8).
 
 A quantized pipeline spreads one non-finite input much further than exact attention does: the Hadamard
 rotation mixes it into every element of its row, a block's shared exponent becomes 2^127 and flushes

@@ -1,4 +1,4 @@
-"""q x 1e4 in fp32 (NUMERICS.md section 7): the error is the quantized operands', not the pipeline's.
+"""q x 1e4 in fp32 (NUMERICS.md section 8): the error is the quantized operands', not the pipeline's.
 
 Rule: err(pipeline) <= 1.05 err(conventional softmax on the same quantized operands) + 1e-3, errors
 against float64 softmax attention on the unquantized inputs; the conventional recipe is Table 4's

@@ -1,4 +1,4 @@
-"""MX casts at the ends of the fp32 range, bit for bit (NUMERICS.md section 1, "Ends of the range").
+"""MX casts at the ends of the fp32 range, bit for bit (NUMERICS.md section 9).
 
 The references below are the integer arithmetic of AITER's mha_v4 quantizers (gfx950), written out:
 MXFP8 ``e = ((bits(amax) + 2^21) & 0x7F800000) >> 23``, scale byte ``254 if e == 255 else max(e - 8, 0)``;

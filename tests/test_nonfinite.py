@@ -1,4 +1,4 @@
-"""Non-finite inputs (NUMERICS.md section 7): the damage is what exact attention gives, on every recipe."""
+"""Non-finite inputs (NUMERICS.md section 8): the damage is what exact attention gives, on every recipe."""
 
 import warnings
 
