@@ -29,6 +29,7 @@ from fsattn_diffusers import sm90_numerics  # noqa: E402
 from fsattn_diffusers.backends.triton_backend import kernels_package  # noqa: E402
 from fsattn_diffusers.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case, summary_lines  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS  # noqa: E402
+from fsattn_diffusers.smoothing import lse_offset  # noqa: E402
 
 kernels_package()
 from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, effective_variant,  # noqa: E402
@@ -54,6 +55,8 @@ def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
     ops = prepass(q, k, v, plan, scale, kv, variant=variant)
     stats = torch.zeros((2,), dtype=torch.int32, device=DEV)
     attention_from_operands(ops, out, plan, q.shape[2], k.shape[2], kv, lse, stats, variant=variant)
+    if ops.k_mean is not None:  # K smoothing: the LSE of the unsmoothed scores, as fused_attention_op returns it
+        lse += lse_offset(q, ops.k_mean, scale)
 
 
 def reference(q, k, v, recipe, scale, kv):
