@@ -38,7 +38,7 @@ def _valid_keys(kv_lens: Optional[torch.Tensor], s_k: int, device) -> Optional[t
 
 
 def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor] = None
-           ) -> torch.Tensor:
+           ) -> Optional[torch.Tensor]:
     """Flag the (batch, head) slices whose inputs may hold NaN or inf, without a host sync.
 
     Parameters
@@ -50,8 +50,11 @@ def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[
     Returns
     -------
     Tensor (B, H) bool on the inputs' device: True where the float32 sum of q, k or v over (S, D) is
-    not finite (every slice holding a NaN or inf, and slices whose finite sum overflowed).
+    not finite (every slice holding a NaN or inf, and slices whose finite sum overflowed). ``None`` while
+    ``torch.compile`` traces: the contract is not checked inside a compiled graph.
     """
+    if torch.compiler.is_compiling():
+        return None
     with torch.no_grad():
         total = q.sum(dim=(-2, -1), dtype=torch.float32)
         valid = _valid_keys(kv_lens, k.shape[2], k.device)
@@ -64,9 +67,9 @@ def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[
         return ~torch.isfinite(total)
 
 
-def any_flagged(flags: torch.Tensor) -> bool:
+def any_flagged(flags: Optional[torch.Tensor]) -> bool:
     """The one host sync of the contract; False while ``torch.compile`` traces (the check is skipped)."""
-    if torch.compiler.is_compiling():
+    if flags is None or torch.compiler.is_compiling():
         return False
     return bool(flags.any())
 
