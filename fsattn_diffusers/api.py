@@ -123,8 +123,9 @@ def attention(
 
     Gradients: with grad mode on and an input that requires grad, recipes without quantized operands
     and with the exact exponential (``exact``, ``bf16``) run a differentiable PyTorch path (the
-    conventional softmax on the recipe's operand roundings; it builds the (S_q, S_k) score matrix);
-    quantized recipes raise a ``ValueError`` (they are inference-only).
+    conventional softmax on the recipe's operand roundings; it builds the (S_q, S_k) score matrix).
+    Quantized recipes are inference-only: the forward runs as usual, and ``backward()`` through its
+    output raises a one-line ``ValueError`` naming the recipe and what to use for training.
 
     Returns
     -------
@@ -151,8 +152,8 @@ def attention(
     flagged = nonfinite.any_flagged(flags) if strict else None
     if flagged:  # strict: fail before any work
         nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, lens))
-    if differentiable.wants_grad(q, k, v):
-        differentiable.check_recipe(recipe)
+    grad = differentiable.wants_grad(q, k, v)
+    if grad and differentiable.supports(recipe):
         out, lse, stats = differentiable.attention(q, k, v, recipe, scale=scale, kv_lens=lens,
                                                    return_lse=return_lse, return_stats=return_stats)
         if nonfinite.any_flagged(flags) if flagged is None else flagged:  # exact arithmetic already: warn only
@@ -165,6 +166,8 @@ def attention(
         if nonfinite.any_flagged(flags) if flagged is None else flagged:
             out, lse, stats = nonfinite.repair(flags, q, k, v, out, lse, stats, recipe, scale=scale, kv_lens=lens,
                                                strict=strict, rerun=run)
+        if grad:  # forward as usual; a backward through the result raises the one-line refusal
+            out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
     if layout == "bshd":
         out = out.transpose(1, 2)
     extras = ([lse] if return_lse else []) + ([stats] if return_stats else [])

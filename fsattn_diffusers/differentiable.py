@@ -1,8 +1,10 @@
 """Gradients: a differentiable PyTorch path for the unquantized recipes, a clear error for the others.
 
 The backends are inference kernels (no backward). When grad mode is on and q, k or v requires grad,
-:func:`fsattn_diffusers.attention` sends recipes without quantized operands and with the exact
-exponential (the ``exact`` and ``bf16`` presets) here: the conventional softmax in float32 on the
+:func:`fsattn_diffusers.attention` runs the backend for the other recipes (forward-only use without
+``torch.no_grad`` keeps working) and joins its output to the graph so that ``backward()`` raises one
+clear ``ValueError``; it sends recipes without quantized operands and with the exact exponential (the
+``exact`` and ``bf16`` presets) here: the conventional softmax in float32 on the
 recipe's operand roundings (BF16 rounding is a cast, whose gradient passes straight through), so
 autograd differentiates it. ``frozen_max`` and ``hadamard`` change only the rounding of such recipes,
 not the function, and are not reproduced; the emulator's forward values and these agree within the
@@ -25,13 +27,44 @@ def wants_grad(q, k, v) -> bool:
     return torch.is_grad_enabled() and any(t.requires_grad for t in (q, k, v))
 
 
+def supports(recipe: Recipe) -> bool:
+    """True for the recipes this module differentiates: no quantized operand, the exact exponential."""
+    return not recipe.is_quantized and recipe.exponential == "exact"
+
+
+def refusal(recipe: Recipe) -> str:
+    """The one-line message of a gradient through a recipe that has no differentiable path."""
+    kind = "quantized" if recipe.is_quantized else f"{recipe.exponential}-exponential"
+    return (f"fsattn attention is inference-only for {kind} recipe {recipe.name!r}; use recipe='bf16' or "
+            f"'exact' (differentiable) or torch.nn.functional.scaled_dot_product_attention for training")
+
+
 def check_recipe(recipe: Recipe) -> None:
-    """Raise the one-line ValueError for a recipe that has no differentiable path."""
-    if recipe.is_quantized or recipe.exponential != "exact":
-        kind = "quantized" if recipe.is_quantized else f"{recipe.exponential}-exponential"
-        raise ValueError(f"fsattn attention is inference-only for {kind} recipe {recipe.name!r}; use "
-                         f"recipe='bf16' or 'exact' (differentiable) or "
-                         f"torch.nn.functional.scaled_dot_product_attention for training")
+    """Raise the one-line ValueError of :func:`refusal` for a recipe that has no differentiable path."""
+    if not supports(recipe):
+        raise ValueError(refusal(recipe))
+
+
+class _InferenceOnly(torch.autograd.Function):
+    """Passes the outputs through; a gradient that reaches them raises the recipe's one-line ValueError."""
+
+    @staticmethod
+    def forward(ctx, message, out, lse, *inputs):
+        ctx.message = message
+        return out.view_as(out), (lse.view_as(lse) if lse is not None else None)
+
+    @staticmethod
+    def backward(ctx, *grads):
+        raise ValueError(ctx.message)
+
+
+def inference_only(out: torch.Tensor, lse: Optional[torch.Tensor], recipe: Recipe, q, k, v):
+    """``(out, lse)`` joined to the graph of ``q, k, v``: the forward values are the backend's, and
+    ``backward()`` through them raises ``ValueError(refusal(recipe))`` instead of failing inside torch
+    (outside a ``torch.compile`` graph; inside one the outputs stay detached)."""
+    if torch.compiler.is_compiling():
+        return out, lse
+    return _InferenceOnly.apply(refusal(recipe), out, lse, q, k, v)
 
 
 def _operand(x: torch.Tensor, fmt: str) -> torch.Tensor:
