@@ -11,6 +11,7 @@ from typing import Optional, Sequence, Union
 
 import torch
 
+from . import differentiable, nonfinite
 from .backends import run_backend
 from .recipe import Recipe, get_recipe
 
@@ -89,6 +90,7 @@ def attention(
     return_lse: bool = False,
     return_stats: bool = False,
     backend: str = "auto",
+    strict: bool = False,
 ):
     """Fused-Softmax attention (non-causal) under ``recipe``.
 
@@ -111,6 +113,19 @@ def attention(
         tile pairs visited), ``rollback_tiles`` (pairs where any row rolled back), ``rollback_rate``.
     backend : str
         ``"auto"`` (Triton on CUDA sm_90+, AITER on ROCm, else the emulator), or a backend name.
+    strict : bool
+        Non-finite inputs (NaN, +-inf in q, or in k/v at keys before ``kv_lens``): with ``False`` (default)
+        one warning per process, and the (batch, head) slices that hold them are computed with exact
+        float64 attention, so the damage is what exact attention gives (one NaN in q: its row; one +inf
+        in k: the rows whose score with that key is +inf) and the other slices are the recipe's values.
+        With ``True`` a ``ValueError`` naming the tensors and counts. The check costs one read of q, k,
+        v and one host sync per call; it is skipped while ``torch.compile`` traces (NUMERICS.md section 8).
+
+    Gradients: with grad mode on and an input that requires grad, recipes without quantized operands
+    and with the exact exponential (``exact``, ``bf16``) run a differentiable PyTorch path (the
+    conventional softmax on the recipe's operand roundings; it builds the (S_q, S_k) score matrix).
+    Quantized recipes are inference-only: the forward runs as usual, and ``backward()`` through its
+    output raises a one-line ``ValueError`` naming the recipe and what to use for training.
 
     Returns
     -------
@@ -133,8 +148,26 @@ def attention(
     lens = _as_kv_lens(kv_lens, b, s_k, q.device)
     if layout == "bshd":  # views, no copies
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    out, lse, stats = run_backend(backend, q, k, v, recipe, scale=scale, kv_lens=lens,
-                                  return_lse=return_lse, return_stats=return_stats)
+    flags = nonfinite.detect(q, k, v, lens)
+    flagged = nonfinite.any_flagged(flags) if strict else None
+    if flagged:  # strict: fail before any work
+        nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, lens))
+    grad = differentiable.wants_grad(q, k, v)
+    if grad and differentiable.supports(recipe):
+        out, lse, stats = differentiable.attention(q, k, v, recipe, scale=scale, kv_lens=lens,
+                                                   return_lse=return_lse, return_stats=return_stats)
+        if nonfinite.any_flagged(flags) if flagged is None else flagged:  # exact arithmetic already: warn only
+            nonfinite.warn_counts(nonfinite.count_nonfinite(q, k, v, flags, lens), int(flags.sum()))
+    else:
+        def run(q_, k_, v_):
+            return run_backend(backend, q_, k_, v_, recipe, scale=scale, kv_lens=lens,
+                               return_lse=return_lse, return_stats=return_stats)
+        out, lse, stats = run(q, k, v)
+        if nonfinite.any_flagged(flags) if flagged is None else flagged:
+            out, lse, stats = nonfinite.repair(flags, q, k, v, out, lse, stats, recipe, scale=scale, kv_lens=lens,
+                                               strict=strict, rerun=run)
+        if grad:  # forward as usual; a backward through the result raises the one-line refusal
+            out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
     if layout == "bshd":
         out = out.transpose(1, 2)
     extras = ([lse] if return_lse else []) + ([stats] if return_stats else [])

@@ -12,6 +12,21 @@ Section 6.3); NaN stays NaN. Shared-exponent rules (see :data:`SCALE_RULES`):
   (torchao RCEIL; AITER's MXFP4 quantizer). Never saturates.
 * ``round_up_175`` — AITER's MXFP8 quantizer: the exponent of amax, plus one when amax's mantissa is
   >= 1.75, minus 8. E4M3 only (448 = 1.75 * 2^8); never saturates.
+
+Ends of the fp32 range (all as AITER's mha_v4 quantizers compute them, pinned by tests/test_formats_edges.py):
+
+* ``round_up_175`` with amax >= 1.75 * 2^127 (and amax = inf): rounding the exponent up leaves the finite
+  range, and the scale saturates at s = 127 (E8M0 byte 254) instead of 128 - 8 = 120. The block maximum
+  stays exact (amax / 2^127 < 2 in E4M3); elements below 2^118 lose the 7 binades between.
+* ``ceil`` with amax / elem_max <= 2^-127 (an fp32 subnormal): the bit construction gives s = -126 where
+  exact ceil(log2) and torchao's RCEIL clamp to -127; elements are then at most half of elem_max (one bit
+  of precision less, never a saturation). amax = 0 gives -127.
+* An infinite element: the scale is the largest the rule gives (127; ``floor``: 128 - emax), the element
+  saturates to the element maximum and dequantizes to +-inf (fp32 overflow), and every finite element
+  of its block below 2^117 is flushed to 0. (AITER's MXFP4 would store the E8M0 NaN byte here.)
+* A NaN element makes its block's scale the E8M0 NaN byte and the whole block NaN (torchao, OCP); AITER's
+  ``fmaxf`` block maximum skips NaN instead. Attention repairs non-finite inputs before these matter
+  (:mod:`fsattn_diffusers.nonfinite`).
 """
 
 from __future__ import annotations
@@ -132,7 +147,9 @@ def decode_elem(codes: torch.Tensor, fmt: ElemFormat) -> torch.Tensor:
 def shared_exponent(amax: torch.Tensor, fmt: ElemFormat, rule: str) -> torch.Tensor:
     """Unbiased E8M0 exponent (int32, clamped to [-127, 127]) for blocks with absolute maximum ``amax``.
 
-    NaN blocks get exponent 128 (stored as the E8M0 NaN byte 255 by :func:`quantize_mx`).
+    NaN blocks get exponent 128 (stored as the E8M0 NaN byte 255 by :func:`quantize_mx`). At the ends of
+    the range (module docstring): ``round_up_175`` gives 127 for amax >= 1.75 * 2^127 or inf; ``ceil``
+    gives -126 for 0 < amax / elem_max <= 2^-127 (exact ceil: -127) and 127 for inf.
     """
     amax = amax.to(torch.float32)
     if rule == "floor":

@@ -128,7 +128,26 @@ class Recipe:
                 raise ValueError(f"Recipe.{field}={value} is not supported; accepted: a multiple of 32, at least 32")
 
     def replace(self, **changes) -> "Recipe":
-        """Return a copy with ``changes`` applied (``dataclasses.replace``)."""
+        """Return a copy with ``changes`` applied.
+
+        Without ``name`` in ``changes``, a copy whose numerics differ gets a derived name, the old one
+        followed by the changed fields: ``PRESETS["mxfp8"].replace(proxy="u32").name == "mxfp8+proxy=u32"``
+        (records and reports name what was computed). An explicit ``name`` is kept as given; a copy with
+        no field actually changed keeps the name.
+
+        Raises
+        ------
+        ValueError
+            One line naming the unknown field(s) and listing the accepted ones.
+        """
+        fields = [f.name for f in dataclasses.fields(self)]
+        unknown = sorted(set(changes) - set(fields))
+        if unknown:
+            raise ValueError(f"Recipe.replace: unknown field(s) {', '.join(unknown)}; accepted: {', '.join(fields)}")
+        if "name" not in changes:
+            changed = [f for f in fields if f in changes and changes[f] != getattr(self, f)]
+            if changed:
+                changes["name"] = self.name + "+" + ",".join(f"{f}={changes[f]}" for f in changed)
         return dataclasses.replace(self, **changes)
 
     @property

@@ -1,0 +1,196 @@
+"""Non-finite inputs (NaN, +-inf): detection and repair, the same for every backend (NUMERICS.md section 8).
+
+A quantized pipeline spreads one non-finite input much further than exact attention does: the Hadamard
+rotation mixes it into every element of its row, a block's shared exponent becomes 2^127 and flushes
+the block's other elements, a per-tensor FP8 scale turns the whole tensor into zeros. The contract:
+
+* :func:`detect` — per (batch, head) float32 sums of q, k and v over (S, D), keys past ``kv_lens``
+  left out. NaN and inf survive a sum; a sum of finite values that overflows only sends the call down
+  the slow path, which then finds nothing to repair. One read pass of each input, no host sync.
+* :func:`repair` — one host sync (``flags.any()``). Only when a slice is flagged: the non-finite
+  elements of each tensor are counted; ``strict=True`` raises a one-line ``ValueError``; otherwise one
+  warning per process, and the flagged (batch, head) slices of ``out`` (and ``lse``) are overwritten by
+  exact float64 softmax attention on the same inputs, so the damage is exactly what exact attention
+  produces (one NaN in q: its row; one +inf in k: the rows whose score with that key is +inf).
+  Recipes with a per-tensor scale (``fp8_tensor`` V, ``fp8`` Q/K) are first re-run on a copy with the
+  non-finite elements set to 0, because one such element changes the scale of every slice.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import warnings
+from typing import Callable, Dict, Optional, Tuple
+
+import torch
+
+_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+# Score elements of one float64 block in the exact recomputation (128 MiB).
+_EXACT_BLOCK = 1 << 24
+_WARNED = False
+
+
+def _valid_keys(kv_lens: Optional[torch.Tensor], s_k: int, device) -> Optional[torch.Tensor]:
+    if kv_lens is None:
+        return None
+    return torch.arange(s_k, device=device)[None, :] < kv_lens.to(device)[:, None]  # (B, S_k)
+
+
+def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor] = None
+           ) -> Optional[torch.Tensor]:
+    """Flag the (batch, head) slices whose inputs may hold NaN or inf, without a host sync.
+
+    Parameters
+    ----------
+    q : Tensor (B, H, S_q, D); k, v : Tensor (B, H, S_k, D) — any strides, never modified.
+    kv_lens : int tensor (B,), optional
+        Keys at positions >= kv_lens[b] are not read by attention and do not count.
+
+    Returns
+    -------
+    Tensor (B, H) bool on the inputs' device: True where the float32 sum of q, k or v over (S, D) is
+    not finite (every slice holding a NaN or inf, and slices whose finite sum overflowed). ``None`` while
+    ``torch.compile`` traces: the contract is not checked inside a compiled graph.
+    """
+    if torch.compiler.is_compiling():
+        return None
+    with torch.no_grad():
+        total = q.sum(dim=(-2, -1), dtype=torch.float32)
+        valid = _valid_keys(kv_lens, k.shape[2], k.device)
+        for t in (k, v):
+            if valid is None:
+                total = total + t.sum(dim=(-2, -1), dtype=torch.float32)
+            else:
+                per_key = t.sum(dim=-1, dtype=torch.float32)  # (B, H, S_k)
+                total = total + torch.where(valid[:, None, :], per_key, torch.zeros_like(per_key)).sum(dim=-1)
+        return ~torch.isfinite(total)
+
+
+def any_flagged(flags: Optional[torch.Tensor]) -> bool:
+    """The one host sync of the contract; False while ``torch.compile`` traces (the check is skipped)."""
+    if flags is None or torch.compiler.is_compiling():
+        return False
+    return bool(flags.any())
+
+
+def count_nonfinite(q, k, v, flags: torch.Tensor, kv_lens: Optional[torch.Tensor]) -> Dict[str, int]:
+    """Non-finite elements of q, k, v (keys past ``kv_lens`` left out) in the flagged slices."""
+    with torch.no_grad():
+        bi, hi = flags.nonzero(as_tuple=True)
+        counts = {"q": int((~torch.isfinite(q[bi, hi])).sum())}
+        valid = _valid_keys(kv_lens, k.shape[2], k.device)
+        for name, t in (("k", k), ("v", v)):
+            bad = (~torch.isfinite(t[bi, hi])).sum(dim=-1)  # (n, S_k)
+            if valid is not None:
+                bad = bad * valid[bi]
+            counts[name] = int(bad.sum())
+        return counts
+
+
+def describe(counts: Dict[str, int]) -> str:
+    return ", ".join(f"{name}: {n}" for name, n in counts.items() if n)
+
+
+def _caller_stacklevel() -> int:
+    """``stacklevel`` for :func:`warnings.warn` that names the first frame outside this package."""
+    frame, level = sys._getframe(1), 2
+    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
+        frame, level = frame.f_back, level + 1
+    return level - 1
+
+
+def _warn_once(message: str) -> None:
+    global _WARNED
+    if not _WARNED:
+        _WARNED = True
+        warnings.warn(message, RuntimeWarning, stacklevel=_caller_stacklevel())
+
+
+def warn_counts(counts: Dict[str, int], slices: int, action: str = "follow exact attention") -> None:
+    """The one warning per process of ``strict=False`` (one line, attributed to the caller's frame)."""
+    if any(counts.values()):
+        _warn_once(f"fsattn: non-finite input elements (NaN/inf) in {describe(counts)}; the {slices} affected "
+                   f"(batch, head) slice(s) {action} (warned once per process)")
+
+
+def check_strict(counts: Dict[str, int]) -> None:
+    """Raise the one-line ValueError of ``strict=True`` when any count is non-zero."""
+    if any(counts.values()):
+        raise ValueError(f"fsattn attention: non-finite input elements (NaN/inf) in {describe(counts)}; "
+                         f"accepted with strict=True: finite q, k, v (keys past kv_lens are not read)")
+
+
+def exact_slices(q, k, v, *, scale: float, valid: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Exact softmax attention in float64 on n gathered slices, IEEE semantics for NaN and inf.
+
+    Parameters
+    ----------
+    q : Tensor (n, S_q, D); k, v : Tensor (n, S_k, D); valid : bool (n, S_k) or None.
+
+    Returns
+    -------
+    out : float64 (n, S_q, D), rows with no valid key 0; lse : float64 (n, S_q), natural log of the
+    sum over valid keys of exp(scale * q.k), -inf on rows with no valid key.
+    """
+    n, s_q, _ = q.shape
+    s_k = k.shape[1]
+    kd, vd = k.double(), v.double()
+    if valid is not None:  # a padded key is never read: its garbage must not reach 0 * NaN in P V
+        vd = torch.where(valid[..., None], vd, torch.zeros_like(vd))
+    rows = max(1, _EXACT_BLOCK // max(1, s_k))
+    outs, lses = [], []
+    for r0 in range(0, s_q, rows):
+        s = torch.matmul(q[:, r0:r0 + rows].double(), kd.transpose(1, 2)) * scale  # (n, r, S_k)
+        if valid is not None:
+            s = s.masked_fill(~valid[:, None, :], float("-inf"))
+        p = torch.softmax(s, dim=-1)
+        o = torch.matmul(p, vd)
+        lse = torch.logsumexp(s, dim=-1)
+        if valid is not None:
+            none = ~valid.any(dim=-1)[:, None]  # (n, 1): a row with no valid key gives zeros
+            o = torch.where(none[..., None], torch.zeros_like(o), o)
+            lse = torch.where(none, torch.full_like(lse, float("-inf")), lse)
+        outs.append(o)
+        lses.append(lse)
+    return torch.cat(outs, dim=1), torch.cat(lses, dim=1)
+
+
+def _sanitized(t: torch.Tensor) -> torch.Tensor:
+    return torch.nan_to_num(t, nan=0.0, posinf=0.0, neginf=0.0)
+
+
+def repair(flags: torch.Tensor, q, k, v, out: torch.Tensor, lse: Optional[torch.Tensor], stats, recipe, *,
+           scale: float, kv_lens: Optional[torch.Tensor], strict: bool,
+           rerun: Callable[..., Tuple[torch.Tensor, Optional[torch.Tensor], Optional[Dict]]]):
+    """The slow path, for flagged calls only (see the module docstring).
+
+    Parameters
+    ----------
+    flags : bool (B, H) from :func:`detect`; q : (B, H, S_q, D); k, v : (B, H, S_k, D), never modified.
+    out : (B, H, S_q, D) backend output (written in place); lse : (B, H, S_q) float32 or None.
+    rerun : ``rerun(q, k, v) -> (out, lse, stats)``, the same backend call on other inputs.
+
+    Returns
+    -------
+    (out, lse, stats) with the flagged slices equal to exact attention's (cast to ``out``'s dtype).
+    """
+    counts = count_nonfinite(q, k, v, flags, kv_lens)
+    if not any(counts.values()):
+        return out, lse, stats  # a finite sum overflowed: nothing to repair
+    if strict:
+        check_strict(counts)
+    bi, hi = flags.nonzero(as_tuple=True)
+    warn_counts(counts, len(bi), "were computed with exact float64 attention")
+    per_tensor = (counts["v"] and recipe.v_format == "fp8_tensor") or \
+        ((counts["q"] or counts["k"]) and recipe.qk_format == "fp8")
+    if per_tensor:  # one element set the scale of every slice: re-run on a cleaned copy
+        out, lse, stats = rerun(_sanitized(q), _sanitized(k), _sanitized(v))
+    valid = _valid_keys(kv_lens, k.shape[2], k.device)
+    for i in range(len(bi)):  # one slice at a time bounds the float64 temporaries
+        b, h = bi[i:i + 1], hi[i:i + 1]
+        o, l = exact_slices(q[b, h], k[b, h], v[b, h], scale=scale, valid=None if valid is None else valid[b])
+        out[b, h] = o.to(out.dtype)
+        if lse is not None:
+            lse[b, h] = l.to(lse.dtype)
+    return out, lse, stats

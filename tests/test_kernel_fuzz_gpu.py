@@ -1,0 +1,96 @@
+"""Kernel fuzz on a CUDA GPU (sm_90+): seeded random cases, every kernel recipe and variant, against the sm90
+reference on the same GPU (harness, checks and tolerance rule: fsattn_diffusers.kernel_fuzz).
+
+Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0), work cap
+``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK). One line per case and the worst case per recipe
+go to ``FSATTN_FUZZ_LOG`` (default benchmarks/results/kernel_fuzz_gpu_latest.txt) and to stdout.
+Variants: kernels.ops.VARIANTS without ``ws`` (it hangs on the H200, Triton 3.6), plus ``api``: the
+public custom-op path (``kernels.ops.fused_attention``, the default variant) with the allocator poisoned.
+``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1`` runs it on the CPU through Triton's interpreter (slow: use a
+few cases and a small work cap, e.g. ``FSATTN_FUZZ_CASES=9 FSATTN_FUZZ_MAX_WORK=16384``).
+"""
+
+import os
+import pathlib
+import time
+
+import pytest
+import torch
+
+CPU_INTERPRET = os.environ.get("FSATTN_KERNEL_TEST_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+if not CPU_INTERPRET:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU", allow_module_level=True)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs sm_90+", allow_module_level=True)
+triton = pytest.importorskip("triton")
+
+from fsattn_diffusers import sm90_numerics  # noqa: E402
+from fsattn_diffusers.backends.triton_backend import kernels_package  # noqa: E402
+from fsattn_diffusers.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case, summary_lines  # noqa: E402
+from fsattn_diffusers.recipe import PRESETS  # noqa: E402
+from fsattn_diffusers.smoothing import lse_offset  # noqa: E402
+
+kernels_package()
+from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, effective_variant,  # noqa: E402
+                                          fused_attention, prepass)
+from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = "cpu" if CPU_INTERPRET else "cuda"
+RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None)
+FUZZ_VARIANTS = tuple(v for v in VARIANTS if v != "ws") + ("api",)
+ROOT = pathlib.Path(__file__).resolve().parents[1]
+
+
+def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
+    plan = plan_for(PRESETS[recipe])
+    if variant == "api":
+        if DEV == "cuda":
+            torch.full((64 << 20,), float("nan"), device=DEV)  # freed at once: torch.empty hands back NaN
+        o, l, _ = fused_attention(q, k, v, plan, scale=scale, kv_lens=kv, return_lse=True)
+        out.copy_(o)
+        lse.copy_(l)
+        return
+    ops = prepass(q, k, v, plan, scale, kv, variant=variant)
+    stats = torch.zeros((2,), dtype=torch.int32, device=DEV)
+    attention_from_operands(ops, out, plan, q.shape[2], k.shape[2], kv, lse, stats, variant=variant)
+    if ops.k_mean is not None:  # K smoothing: the LSE of the unsmoothed scores, as fused_attention_op returns it
+        lse += lse_offset(q, ops.k_mean, scale)
+
+
+def reference(q, k, v, recipe, scale, kv):
+    out, lse, _ = sm90_numerics.reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
+    return out, lse
+
+
+def test_kernel_fuzz():
+    n = int(os.environ.get("FSATTN_FUZZ_CASES", "300"))
+    seed = int(os.environ.get("FSATTN_FUZZ_SEED", "0"))
+    cap = int(os.environ.get("FSATTN_FUZZ_MAX_WORK", str(MAX_WORK)))
+    log_path = pathlib.Path(os.environ.get("FSATTN_FUZZ_LOG", ROOT / "benchmarks/results/kernel_fuzz_gpu_latest.txt"))
+    cases = generate_cases(n, RECIPES, FUZZ_VARIANTS, seed=seed, max_work=cap)
+    device = "CPU (Triton interpreter)" if CPU_INTERPRET else torch.cuda.get_device_name()
+    header = (f"kernel fuzz: {n} cases, seed {seed}, work cap {cap}, recipes {RECIPES}, variants {FUZZ_VARIANTS}, "
+              f"{device}, torch {torch.__version__}, triton {triton.__version__}, "
+              f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
+    print(header)
+    t0 = time.perf_counter()
+    results = []
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "w") as log:
+        log.write(header + "\n")
+        for case in cases:
+            r = run_case(case, kernel, reference, DEV)
+            runs = effective_variant(None if case.variant == "api" else case.variant, plan_for(PRESETS[case.recipe]))
+            line = case_line(r) + f" (runs {runs})"
+            results.append(r)
+            print(line, flush=True)
+            log.write(line + "\n")
+            log.flush()
+        tail = summary_lines(results) + [f"{sum(bool(r['failures']) for r in results)} of {len(results)} cases failed, "
+                                         f"{time.perf_counter() - t0:.1f} s"]
+        log.write("\n".join(tail) + "\n")
+    print("\n".join(tail))
+    failed = [r["label"] + ": " + "; ".join(r["failures"]) for r in results if r["failures"]]
+    assert not failed, f"{len(failed)} failed cases, first: {failed[:3]}"

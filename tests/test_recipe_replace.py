@@ -1,0 +1,38 @@
+"""Recipe.replace names what it computes and rejects unknown fields with one line."""
+
+import dataclasses
+
+import pytest
+
+from fsattn_diffusers.recipe import PRESETS, Recipe
+
+
+def test_changed_numerics_derive_a_name():
+    r = PRESETS["mxfp8"].replace(proxy="u32")
+    print(r.name)
+    assert r.name == "mxfp8+proxy=u32" and r.proxy == "u32"
+    two = PRESETS["mxfp6"].replace(rollback=False, tile_n=64)
+    assert two.name == "mxfp6+rollback=False,tile_n=64"
+    assert PRESETS["mxfp8"].replace(proxy="u32").replace(rollback=False).name == "mxfp8+proxy=u32+rollback=False"
+    assert PRESETS["mxfp8"].name == "mxfp8"  # the preset itself is untouched
+
+
+def test_explicit_name_and_no_op_keep_the_name():
+    assert PRESETS["mxfp8"].replace(name="x", proxy="u32").name == "x"
+    assert PRESETS["mxfp8"].replace(name="x").proxy == PRESETS["mxfp8"].proxy
+    same = PRESETS["mxfp8"].replace(proxy="u16")  # already u16: same numerics, same name
+    assert same == PRESETS["mxfp8"] and same.name == "mxfp8"
+
+
+def test_unknown_field_is_one_line_value_error():
+    with pytest.raises(ValueError) as info:
+        PRESETS["mxfp8"].replace(nosuch=1)
+    msg = str(info.value)
+    print(msg)
+    assert "\n" not in msg and "nosuch" in msg
+    assert all(f.name in msg for f in dataclasses.fields(Recipe))
+
+
+def test_invalid_value_still_checked():
+    with pytest.raises(ValueError, match="accepted"):
+        PRESETS["mxfp8"].replace(proxy="u7")
