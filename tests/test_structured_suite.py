@@ -261,7 +261,7 @@ def test_suite_end_to_end_cli(tmp_path):
 @pytest.mark.parametrize("extra,needle", [
     (["--families", "nope"], "--families: unknown nope"),
     (["--shape", "1,2"], "--shape must be"),
-    (["--recipes", "mxfp9"], "--recipes: unknown mxfp9"),
+    (["--recipes", "mxfp9"], "--recipes: unknown recipe 'mxfp9'"),
     (["--dtypes", "float32"], "--dtypes: unknown float32"),
     (["--head-dims", "x"], "--head-dims must be"),
     (["--table", "8"], "--suite and --table are exclusive"),
