@@ -6,7 +6,7 @@ deliberately broken kernels). Nothing here imports Triton.
 
 Tolerance rule (the one of tests/test_kernel_gpu.py): with ``err(x) = ||x - exact||_F / ||exact||_F``
 against float64 softmax attention on the same inputs, ``err(kernel) <= 2 err(sm90 reference) + 1e-3``,
-and the kernel within 2e-2 relative of the reference; LSE within 5e-2 of the reference's where a row
+and the kernel within 2e-2 relative of the reference; LSE within ln(1.125) + 0.01 of the reference's where a row
 has a valid key and -inf exactly where it has none. Further checks: no NaN anywhere in the output (the
 buffers are NaN-poisoned before the call, and exact attention of finite inputs is finite), inputs
 (including the memory around strided views) unmodified, two calls bitwise identical.
@@ -27,7 +27,11 @@ from .nonfinite import exact_slices
 TOL_FACTOR = 2.0
 TOL_ATOL = 1e-3
 REL_REF_MAX = 2e-2
-LSE_REF_MAX = 5e-2
+#: LSE against the sm90 reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
+#: of a score can land on the neighbouring E4M3 value of P (one step, 2^-3 relative). In a row dominated by one key that
+#: moves l by up to 12.5%: ln(1.125) = 0.118 nats, plus 0.01 for the rest of the row (H200 fuzz: up to 0.114 in sharp
+#: rows of every variant, classic included, with outputs within 1e-2 of the reference).
+LSE_REF_MAX = math.log(1.125) + 1e-2
 S_MAX = 20_000
 #: Default cap on B * H * S_q * S_k of one case (bounds the run time and the float64 reference).
 MAX_WORK = 1 << 27

@@ -112,9 +112,11 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         elem = round_elem(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV)
     if TILE_REF:
         ref = tl.max(tl.max(s, axis=1), axis=0)
-        shift = s - ref + T0
+        ref = tl.where(ref <= -127, 0, ref)  # an all-zero group: any exponent carries its zeros; -127 would put
+        shift = s - ref + T0                 # 2^(QE + KE) below fp32's normal range in the attention kernel
     else:
         ref = tl.max(s, axis=1)
+        ref = tl.where(ref <= -127, 0, ref)
         shift = s - ref[:, None] + T0
     # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
     q8 = tl.reshape(elem * pow2(shift)[:, :, None], (BS, D))

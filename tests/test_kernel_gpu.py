@@ -137,6 +137,26 @@ def test_spiky_inputs_roll_back_and_stay_finite(recipe):
     assert rel(out, ref_o) < 2e-2
 
 
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_identical_keys_smooth_to_an_all_zero_tile(recipe):
+    """Every key the same vector (one valid key, or a constant sequence): K smoothing leaves an all-zero K tile, whose
+    MX exponent is the smallest one; the kernel must still see scores of 0 (uniform attention), not 0 * 2^-inf."""
+    g = torch.Generator().manual_seed(5)
+    q = torch.randn(2, 2, 300, 128, generator=g).to(torch.bfloat16).to(DEV)
+    k = torch.randn(2, 2, 1, 128, generator=g).expand(2, 2, 200, 128).contiguous().to(torch.bfloat16).to(DEV)
+    v = torch.randn(2, 2, 200, 128, generator=g).to(torch.bfloat16).to(DEV)
+    kv = torch.tensor([1, 200], device=DEV)
+    scale = 128 ** -0.5
+    poison_allocator()
+    out, lse, _ = fused_attention(q, k, v, plan_for(PRESETS[recipe]), scale=scale, kv_lens=kv, return_lse=True)
+    ref_o, ref_lse, _ = sm90_numerics.reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
+    ex_o, ex_lse = exact(q, k, v, scale, kv)
+    print(f"{recipe}: err kernel {rel(out, ex_o):.5f} ref {rel(ref_o, ex_o):.5f}, "
+          f"lse maxdiff {float((lse - ex_lse.float()).abs().max()):.2e}")
+    assert torch.isfinite(out).all() and torch.isfinite(lse).all()
+    assert rel(out, ref_o) < 2e-2 and float((lse - ex_lse.float()).abs().max()) < 0.1
+
+
 def test_unwritten_output_buffer_is_fully_written():
     recipe = PRESETS["mxfp8"]
     plan = plan_for(recipe)
