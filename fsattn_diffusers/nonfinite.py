@@ -49,22 +49,24 @@ def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[
 
     Returns
     -------
-    Tensor (B, H) bool on the inputs' device: True where the float32 sum of q, k or v over (S, D) is
-    not finite (every slice holding a NaN or inf, and slices whose finite sum overflowed). ``None`` while
-    ``torch.compile`` traces: the contract is not checked inside a compiled graph.
+    Tensor (B, H) bool on the inputs' device: True where q, k or v holds a NaN or an inf in that slice.
+    Per token, ``torch.aminmax`` over the head dim (one read, NaN propagates, no float32 copy of the input);
+    the (B, H, S) extremes are then reduced in float32. ``None`` while ``torch.compile`` traces: the contract is not
+    checked inside a compiled graph.
     """
     if torch.compiler.is_compiling():
         return None
     with torch.no_grad():
-        total = q.sum(dim=(-2, -1), dtype=torch.float32)
         valid = _valid_keys(kv_lens, k.shape[2], k.device)
-        for t in (k, v):
-            if valid is None:
-                total = total + t.sum(dim=(-2, -1), dtype=torch.float32)
-            else:
-                per_key = t.sum(dim=-1, dtype=torch.float32)  # (B, H, S_k)
-                total = total + torch.where(valid[:, None, :], per_key, torch.zeros_like(per_key)).sum(dim=-1)
-        return ~torch.isfinite(total)
+        flags = None
+        for i, t in enumerate((q, k, v)):
+            lo, hi = torch.aminmax(t, dim=-1)  # (B, H, S)
+            per_token = (hi.to(torch.float32) - lo.to(torch.float32))  # NaN or inf iff the token holds one
+            if i > 0 and valid is not None:
+                per_token = torch.where(valid[:, None, :], per_token, torch.zeros_like(per_token))
+            bad = ~torch.isfinite(per_token.sum(dim=-1))
+            flags = bad if flags is None else flags | bad
+        return flags
 
 
 def any_flagged(flags: Optional[torch.Tensor]) -> bool:

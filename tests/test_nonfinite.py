@@ -145,6 +145,6 @@ def test_detector_flags_slices_and_ignores_padding():
     flags = nonfinite.detect(q, k, v, None)
     assert flags.tolist() == [[False, False], [True, False]]
     assert not nonfinite.detect(q, k, v, torch.tensor([300, 299])).any()
-    big = torch.full((1, 1, 4, 64), 3e38)  # finite, but the float32 sum overflows: flagged, nothing to repair
-    assert nonfinite.detect(big, big, big).all()
-    assert nonfinite.count_nonfinite(big, big, big, nonfinite.detect(big, big, big), None) == {"q": 0, "k": 0, "v": 0}
+    big = torch.full((1, 1, 4, 64), 3e38)  # finite values near fp32's top are not flagged (per-token extremes)
+    assert not nonfinite.detect(big, big, big).any()
+    assert nonfinite.count_nonfinite(big, big, big, torch.ones((1, 1), dtype=torch.bool), None) == {"q": 0, "k": 0, "v": 0}
