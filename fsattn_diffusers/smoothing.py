@@ -16,20 +16,35 @@ import torch
 from .formats import round_to_bf16
 
 
+#: :func:`token_mean` sums the tokens in at most this many chunks (torch's float32 reduction of a BF16 tensor makes a
+#: float32 copy of its input: chunking bounds that copy to 1/8 of the input's own size).
+MEAN_CHUNKS = 16
+
+
+def _token_sum(x: torch.Tensor) -> torch.Tensor:
+    """Float32 sum over dim 2 of ``x`` (B, H, S, D), in chunks of tokens: (B, H, 1, D)."""
+    step = max(1, -(-x.shape[2] // MEAN_CHUNKS))
+    total = None
+    for s0 in range(0, x.shape[2], step):
+        part = x[:, :, s0:s0 + step].sum(dim=2, keepdim=True, dtype=torch.float32)
+        total = part if total is None else total + part
+    return total
+
+
 def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Mean over the tokens of ``x`` (B, H, S, D), rounded to BF16: (B, H, 1, D) float32.
 
     ``valid`` (B, S) bool, optional, a prefix of each batch entry's tokens (keys before ``kv_lens``): only those
     count; an entry without a valid token has mean 0. Any vector subtracted from every key (or query) leaves the
-    attention unchanged in real arithmetic, so the mean needs no more precision than ``x``'s own dtype gives: it is
-    torch's ``mean`` in ``x``'s dtype (float32 accumulation, no float32 copy of ``x``), the same function on every
-    backend, so emulator and kernel subtract the same vector.
+    attention unchanged in real arithmetic, so the mean needs no particular precision: it is a float32 sum of the
+    input's values (in chunks, :data:`MEAN_CHUNKS`) divided by the count, the same function on every backend, so
+    emulator and kernel subtract the same vector on one device.
     """
     if valid is None:
-        mean = x.mean(dim=2, keepdim=True).to(torch.float32)
+        mean = _token_sum(x) / x.shape[2]
     else:
         counts = valid.sum(dim=1).tolist()
-        parts = [x[i:i + 1, :, :n].mean(dim=2, keepdim=True).to(torch.float32) if n > 0 else
+        parts = [_token_sum(x[i:i + 1, :, :n]) / n if n > 0 else
                  torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
                  for i, n in enumerate(counts)]
         mean = torch.cat(parts, dim=0)
