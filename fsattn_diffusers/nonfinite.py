@@ -4,9 +4,9 @@ A quantized pipeline spreads one non-finite input much further than exact attent
 rotation mixes it into every element of its row, a block's shared exponent becomes 2^127 and flushes
 the block's other elements, a per-tensor FP8 scale turns the whole tensor into zeros. The contract:
 
-* :func:`detect` — per (batch, head) float32 sums of q, k and v over (S, D), keys past ``kv_lens``
-  left out. NaN and inf survive a sum; a sum of finite values that overflows only sends the call down
-  the slow path, which then finds nothing to repair. One read pass of each input, no host sync.
+* :func:`detect` — per token, ``torch.aminmax`` of q, k and v over the head dim (NaN propagates, no float32 copy),
+  reduced per (batch, head), keys past ``kv_lens`` left out. A token whose max - min overflows float32 only sends the
+  call down the slow path, which then finds nothing to repair. One read pass of each input, no host sync.
 * :func:`repair` — one host sync (``flags.any()``). Only when a slice is flagged: the non-finite
   elements of each tensor are counted; ``strict=True`` raises a one-line ``ValueError``; otherwise one
   warning per process, and the flagged (batch, head) slices of ``out`` (and ``lse``) are overwritten by
@@ -179,7 +179,7 @@ def repair(flags: torch.Tensor, q, k, v, out: torch.Tensor, lse: Optional[torch.
     """
     counts = count_nonfinite(q, k, v, flags, kv_lens)
     if not any(counts.values()):
-        return out, lse, stats  # a finite sum overflowed: nothing to repair
+        return out, lse, stats  # finite values whose max - min overflowed: nothing to repair
     if strict:
         check_strict(counts)
     bi, hi = flags.nonzero(as_tuple=True)
