@@ -4,6 +4,8 @@ reference on the same GPU (harness, checks and tolerance rule: fsattn_diffusers.
 Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0), work cap
 ``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK). One line per case and the worst case per recipe
 go to ``FSATTN_FUZZ_LOG`` (default benchmarks/results/kernel_fuzz_gpu_latest.txt) and to stdout.
+``FSATTN_FUZZ_SLICE=a:b`` runs cases a..b-1 of the same seeded list (on the H200 a case takes ~1-7 s, cold compiles
+included, so 300 cases need ~17 min: run them as slices in several device commands, each with its own log).
 Variants: kernels.ops.VARIANTS without ``ws`` (it hangs on the H200, Triton 3.6), plus ``api``: the
 public custom-op path (``kernels.ops.fused_attention``, the default variant) with the allocator poisoned.
 ``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1`` runs it on the CPU through Triton's interpreter (slow: use a
@@ -70,8 +72,10 @@ def test_kernel_fuzz():
     cap = int(os.environ.get("FSATTN_FUZZ_MAX_WORK", str(MAX_WORK)))
     log_path = pathlib.Path(os.environ.get("FSATTN_FUZZ_LOG", ROOT / "benchmarks/results/kernel_fuzz_gpu_latest.txt"))
     cases = generate_cases(n, RECIPES, FUZZ_VARIANTS, seed=seed, max_work=cap)
+    first, _, last = os.environ.get("FSATTN_FUZZ_SLICE", f"0:{n}").partition(":")
+    cases = cases[int(first):int(last or n)]
     device = "CPU (Triton interpreter)" if CPU_INTERPRET else torch.cuda.get_device_name()
-    header = (f"kernel fuzz: {n} cases, seed {seed}, work cap {cap}, recipes {RECIPES}, variants {FUZZ_VARIANTS}, "
+    header = (f"kernel fuzz: cases {cases[0].index if cases else 0}-{cases[-1].index if cases else -1} of {n}, seed {seed}, work cap {cap}, recipes {RECIPES}, variants {FUZZ_VARIANTS}, "
               f"{device}, torch {torch.__version__}, triton {triton.__version__}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(header)
