@@ -29,7 +29,7 @@ def plot_damage_vs_jsd(table: List[Dict], path: str, lpips_available: bool) -> s
 
     Points with JSD 0 or no damage (identical video) cannot sit on log axes and are left out (listed
     in the report)."""
-    from .plots import _figure
+    from .plots import _figure, label_groups
 
     axes = [a for a in DAMAGE_AXES if a[0] != "lpips" or lpips_available]
     fig = _figure(4.4 * len(axes), 3.8)
@@ -37,7 +37,7 @@ def plot_damage_vs_jsd(table: List[Dict], path: str, lpips_available: bool) -> s
     colors = {f: f"C{i % 10}" for i, f in enumerate(families)}
     for i, (key, title) in enumerate(axes):
         ax = fig.add_subplot(1, len(axes), i + 1)
-        seen = set()
+        seen, points = set(), []
         for r in table:
             y = (1.0 - r["ssim"]) if key == "one_minus_ssim" and isinstance(r.get("ssim"), (int, float)) else r.get(key)
             x = r.get("jsd")
@@ -46,7 +46,10 @@ def plot_damage_vs_jsd(table: List[Dict], path: str, lpips_available: bool) -> s
             fam = r["family"]
             ax.scatter([x], [y], s=30, color=colors[fam], label=None if fam in seen else fam)
             seen.add(fam)
-            ax.annotate(r["intervention"], (x, y), textcoords="offset points", xytext=(3, 3), fontsize=6)
+            points.append((r["intervention"], math.log10(x), math.log10(y)))
+        for labels, lx, ly, row in label_groups(points):  # log axes: group and stagger in log coordinates
+            ax.annotate(", ".join(labels), (10 ** lx, 10 ** ly), textcoords="offset points", xytext=(3, 3 - 8 * row),
+                        fontsize=6)
         ax.set_xscale("log")
         ax.set_yscale("log")
         ax.set_xlabel("mean row-wise JSD vs exact softmax (nats)")
