@@ -132,8 +132,8 @@ class Recipe:
 
         Without ``name`` in ``changes``, a copy whose numerics differ gets a derived name, the old one
         followed by the changed fields: ``PRESETS["mxfp8"].replace(proxy="u32").name == "mxfp8+proxy=u32"``
-        (records and reports name what was computed). An explicit ``name`` is kept as given; a copy with
-        no field actually changed keeps the name.
+        (records and reports name what was computed; :func:`get_recipe` parses such a name back into the same
+        Recipe). An explicit ``name`` is kept as given; a copy with no field actually changed keeps the name.
 
         Raises
         ------
@@ -147,7 +147,7 @@ class Recipe:
         if "name" not in changes:
             changed = [f for f in fields if f in changes and changes[f] != getattr(self, f)]
             if changed:
-                changes["name"] = self.name + "+" + ",".join(f"{f}={changes[f]}" for f in changed)
+                changes["name"] = self.name + "".join(f"+{f}={changes[f]}" for f in changed)
         return dataclasses.replace(self, **changes)
 
     @property
@@ -212,7 +212,7 @@ def parse_recipe_name(text: str) -> Recipe:
         if key not in fields:
             raise ValueError(f"unknown Recipe field {key!r} in {text!r}; accepted: {', '.join(fields)}")
         kwargs[key] = _field_value(fields[key], value) if value else _field_value(fields[key], "true")
-    return PRESETS[base].replace(name=text.strip().lower(), **kwargs) if kwargs else PRESETS[base]
+    return PRESETS[base].replace(name=text.strip(), **kwargs) if kwargs else PRESETS[base]
 
 
 def get_recipe(recipe) -> Recipe:

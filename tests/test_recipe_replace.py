@@ -12,7 +12,7 @@ def test_changed_numerics_derive_a_name():
     print(r.name)
     assert r.name == "mxfp8+proxy=u32" and r.proxy == "u32"
     two = PRESETS["mxfp6"].replace(rollback=False, tile_n=64)
-    assert two.name == "mxfp6+rollback=False,tile_n=64"
+    assert two.name == "mxfp6+rollback=False+tile_n=64"
     assert PRESETS["mxfp8"].replace(proxy="u32").replace(rollback=False).name == "mxfp8+proxy=u32+rollback=False"
     assert PRESETS["mxfp8"].name == "mxfp8"  # the preset itself is untouched
 

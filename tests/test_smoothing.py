@@ -112,6 +112,9 @@ def test_recipe_names_with_changes():
     assert r.smooth_q and r.name == "mxfp8+smooth_q" and r.replace(smooth_q=False, name="mxfp8") == PRESETS["mxfp8"]
     r = fa.get_recipe("mxfp8-paper+proxy=u32+rollback_cap_log2=24")
     assert (r.proxy, r.rollback_cap_log2, r.smooth_k) == ("u32", 24, False)
+    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=True)
+    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=True+qk_scale_rule=floor"
+    assert fa.get_recipe(derived.name) == derived  # a derived name parses back into the same recipe
     for bad, msg in (("mxfp8+nosuch", "unknown Recipe field"), ("nope", "unknown recipe"),
                      ("mxfp8+smooth_q=maybe", "not a bool"), ("mxfp8+tile_n=x", "not an integer")):
         with pytest.raises(ValueError, match=msg) as info:
