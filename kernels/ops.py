@@ -96,12 +96,13 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
 
     ``stats`` is a (2,) int32 tensor that receives (rows rolled back, query x key tile pairs rolled
     back) when ``variant`` is ``classic``; for ``ws`` pass ``stats=None`` to skip the counting, or a
-    tensor to get them (counted through a flag buffer).
+    tensor to get them (counted through a flag buffer). With K smoothing ``lse`` receives the log-sum-exp of the
+    smoothed scores: add ``smoothing.lse_offset(q, ops.k_mean, scale)`` for the true one (``fused_attention`` does).
     """
     variant = effective_variant(variant, plan)
     if num_stages is None:
         num_stages = PP_STAGES if variant == "gluonpp" else NUM_STAGES
-    q8, qe, k8, ke, v8t, vs, bias = ops[:7]
+    q8, qe, k8, ke, v8t, vs, bias, _ = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     grid = (sqp // block_m, b * h)
@@ -138,7 +139,7 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
         raise ValueError(f"gluonpp kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
     from .fused_attention_gluon_pp import ONES_N, WG_ROWS, fsattn_fwd_gluon_pp_kernel
 
-    q8, qe, k8, ke, v8t, vs, bias = ops[:7]
+    q8, qe, k8, ke, v8t, vs, bias, _ = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     want_stats = stats is not None
@@ -184,7 +185,7 @@ def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stage
 
     from .fused_attention_ws import fsattn_fwd_ws_kernel
 
-    q8, qe, k8, ke, v8t, vs = ops[:6]
+    q8, qe, k8, ke, v8t, vs = ops[:6]  # the ws variant takes no smoothing (effective_variant)
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     nqt, nkt = sqp // block_m, skp // BLOCK_N
