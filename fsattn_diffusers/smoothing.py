@@ -14,6 +14,7 @@ from typing import Optional
 import torch
 
 from .formats import round_to_bf16
+from .operands import LOG2E
 
 
 #: :func:`token_mean` sums the tokens in at most this many chunks (torch's float32 reduction of a BF16 tensor makes a
@@ -89,8 +90,6 @@ def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid:
     bias : (B, H, S_k) float32 per-key score term in doublings (``smooth_q``), or None.
     lse_offset : (B, H, S_q) float32 to add to the natural-log LSE (``smooth_k``), or None.
     """
-    from .operands import LOG2E
-
     bias = offset = None
     if recipe.smooth_k:
         k_mean = token_mean(k, valid)
