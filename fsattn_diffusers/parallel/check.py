@@ -38,6 +38,8 @@ ABSOLUTE_FLOOR = 1e-5
 #: (B, S, H, D): tiny, two 128-key tiles per shard with two shards, heads divisible by the shards.
 DEFAULT_SHAPE = (1, 512, 4, 64)
 SEED = 7
+#: Environment for the spawned CPU ranks: gloo over loopback (set only where the caller has not).
+GLOO_LOOPBACK_ENV = {"GLOO_SOCKET_IFNAME": "lo"}
 
 
 def make_inputs(shape: Sequence[int] = DEFAULT_SHAPE, seed: int = SEED, device="cpu"):
@@ -144,6 +146,9 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, recipes: List[
                     results.setdefault(f"wan:{policy}", {})[mode] = out.cpu()
         if rank == 0:
             torch.save(results, out_file)
+        # Both ranks leave together: a rank that tears its gloo pairs down while the other still has
+        # collectives in flight makes the other's gloo thread throw, which aborts that process.
+        dist.barrier()
     finally:
         dist.destroy_process_group()
 
@@ -159,11 +164,19 @@ def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, 
 
     if shape[1] % world or shape[2] % world:
         raise ValueError(f"shape {tuple(shape)}: sequence and heads must divide by {world} processes")
-    with tempfile.TemporaryDirectory() as tmp:
-        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
-        mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend,
-                                list(wan_policies)), nprocs=world, join=True)
-        return torch.load(out_file)
+    # gloo binds to the address the host name resolves to unless told otherwise; the ranks share one
+    # machine, so loopback is the one interface that always exists (the children inherit the setting).
+    added = {k: v for k, v in GLOO_LOOPBACK_ENV.items() if device == "cpu" and k not in os.environ}
+    os.environ.update(added)
+    try:
+        with tempfile.TemporaryDirectory() as tmp:
+            init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
+            mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend,
+                                    list(wan_policies)), nprocs=world, join=True)
+            return torch.load(out_file)
+    finally:
+        for name in added:
+            os.environ.pop(name, None)
 
 
 def exact_reference(q, k, v) -> torch.Tensor:

@@ -49,7 +49,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from .. import e2e
-from .check import RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
+from .check import GLOO_LOOPBACK_ENV, RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
 
 #: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
 NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -418,6 +418,7 @@ def _worker(rank: int, world: int, tmp: str, opts: dict, body=None) -> None:
                             rank=rank, world_size=world, timeout=datetime.timedelta(minutes=30))
     try:
         (body or _run)(rank, world, tmp, opts, cuda, device)
+        _barrier(cuda, rank)  # leave together: a torn-down peer makes gloo abort a rank still in a collective
     finally:
         dist.destroy_process_group()
 
@@ -501,6 +502,9 @@ def run(opts: dict, body=None) -> None:
     import torch.multiprocessing as mp
 
     os.environ.update(NVLS_ENV)
+    if opts["device"] != "cuda":
+        for name, value in GLOO_LOOPBACK_ENV.items():
+            os.environ.setdefault(name, value)
     with tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(opts["world"], tmp, opts, body), nprocs=opts["world"], join=True)
 
