@@ -30,7 +30,7 @@ REL_REF_MAX = 2e-2
 #: LSE against the sm90 reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
 #: of a score can land on the neighbouring E4M3 value of P (one step, 2^-3 relative). In a row dominated by one key that
 #: moves l by up to 12.5%: ln(1.125) = 0.118 nats, plus 0.01 for the rest of the row (H200 fuzz: up to 0.114 in sharp
-#: rows of every variant, classic included, with outputs within 1e-2 of the reference).
+#: rows of every variant, with outputs within 1e-2 of the reference).
 LSE_REF_MAX = math.log(1.125) + 1e-2
 S_MAX = 20_000
 #: Default cap on B * H * S_q * S_k of one case (bounds the run time and the float64 reference).

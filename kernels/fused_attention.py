@@ -12,7 +12,8 @@ Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels
    ``max(f, 1.5*2^23)`` clamps, and the low 16 bits of ``f`` are the BF16 pattern of ``P * 2^sigma``;
    ``bits << 16`` reads them as fp32 (no exp2, no float->int conversion). The FP8 PV operand is the E4M3
    rounding of that value (fp8_row) or of its MXFP6 quantization (mxfp6 P).
-5. ``l += rowsum`` (Stage-A values, or the quantized P through a GEMM with ones); ``O += P8 V8_j``.
+5. ``l += rowsum`` of the quantized P values; P's key columns are permuted into the FP8 wgmma A-fragment
+   order (V8T is stored to match) and ``O += P8 V8_j``.
 6. ``out = O * VS / l``; LSE = ``(log2 l - sigma + m) ln 2``.
 """
 
@@ -52,18 +53,18 @@ def _stage_ab_f16(acc, s128, c, SATURATE: tl.constexpr, RNE_CVT: tl.constexpr):
 
 
 @triton.jit
-def _stage_ab(acc, s128, c, P_MX: tl.constexpr, SATURATE: tl.constexpr, BM: tl.constexpr,
-              BN: tl.constexpr, RNE_CVT: tl.constexpr):
-    """Stage-A (bit-constructed 16-bit proxy of P * 2^sigma) and Stage-B (FP8 PV operand).
+def _stage_ab_ungated(acc, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                      RNE_CVT: tl.constexpr):
+    """Stage-A (bit-constructed 16-bit proxy of P * 2^sigma) and Stage-B (FP8 PV operand) without the gate:
+    the proxy saturates at its largest pattern instead of wrapping.
 
     Returns (p8 (BM, BN) fp8, row sum (BM,) of the quantized values: E4M3 (fp8_row) or MXFP6).
     """
     if not P_MX:
-        return _stage_ab_f16(acc, s128, c, SATURATE, RNE_CVT)
+        return _stage_ab_f16(acc, s128, c, True, RNE_CVT)
     f = acc * s128[:, None] + c[:, None]
     f = tl.maximum(f, 12582912.0)
-    if SATURATE:  # no gate: saturate the pattern at 0xFFFF instead of wrapping
-        f = tl.minimum(f, 12582912.0 + 65535.0)
+    f = tl.minimum(f, 12582912.0 + 65535.0)  # saturate the pattern at 0xFFFF instead of wrapping
     p = (f.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
     if P_MX:
         p3 = tl.reshape(p, (BM, BN // 32, 32))
@@ -79,7 +80,6 @@ def _stage_ab(acc, s128, c, P_MX: tl.constexpr, SATURATE: tl.constexpr, BM: tl.c
     return p.to(tl.float8e4nv), psum
 
 
-# FSATTN_KERNEL_VARIANT=fast (opt-in, see benchmarks/NOTES.md): the same values with fewer instructions.
 # 7.5 * 2^-6 (E2M3's largest value with the block scale mapped onto E4M3's smallest normal 2^-6).
 E2M3_MAX_SCALED = tl.constexpr(0.1171875)
 
@@ -95,18 +95,18 @@ def _perm_p(p8, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _block_max(acc, BM: tl.constexpr, BN: tl.constexpr):
-    """Maxima of 32-key blocks, reduced register axes first (see _stage_ab_fast)."""
+    """Maxima of 32-key blocks, reduced register axes first (see _stage_ab_gated)."""
     a6 = tl.reshape(acc, (BM, BN // 32, 2, 2, 4, 2))
     m = tl.max(tl.max(tl.max(a6, axis=5, keep_dims=True), axis=3, keep_dims=True), axis=2, keep_dims=True)
     return tl.max(m, axis=4, keep_dims=True)  # (BM, BN // 32, 1, 1, 1, 1): stays in a6's layout family
 
 
 @triton.jit
-def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                   RNE_CVT: tl.constexpr):
-    """Stage-A + Stage-B of the gated kernel, same values as :func:`_stage_ab` (GATE=True).
+def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
+                    RNE_CVT: tl.constexpr):
+    """Stage-A + Stage-B of the gated kernel (the gate keeps every proxy pattern in range).
 
-    fp8_row: as _stage_ab. mxfp6 P: the block maximum of the 16-bit proxy patterns is taken on ``acc``
+    fp8_row: as :func:`_stage_ab_ungated` without the saturation. mxfp6 P: the block maximum of the 16-bit proxy patterns is taken on ``acc``
     (the FMA and the clamp are monotone), its exponent field ``E`` gives the floor-rule scale
     ``s = E - 129``, and adding ``128 (123 - E)`` to the FMA's constant moves the block onto E4M3's grid
     with ``2^s -> 2^-6``: there E4M3's nearest-even conversion IS E2M3 rounding (3 mantissa bits, subnormal
@@ -149,20 +149,15 @@ def _stage_ab_fast(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN:
 
 
 @triton.jit
-def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, ones8, GATE: tl.constexpr, P_MX: tl.constexpr,
-                ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, RNE_CVT: tl.constexpr,
-                FAST: tl.constexpr, PERM: tl.constexpr):
+def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, GATE: tl.constexpr, P_MX: tl.constexpr,
+                BM: tl.constexpr, BN: tl.constexpr, RNE_CVT: tl.constexpr):
     """Lines 15-18 of Algorithm 1 for one key tile: Stage-A/B, the row sum and the PV GEMM."""
-    if FAST and GATE:
-        p8, psum = _stage_ab_fast(acc, bmax, s128, c, P_MX, BM, BN, RNE_CVT)
+    if GATE:
+        p8, psum = _stage_ab_gated(acc, bmax, s128, c, P_MX, BM, BN, RNE_CVT)
     else:
-        p8, psum = _stage_ab(acc, s128, c, P_MX, not GATE, BM, BN, RNE_CVT)
-    if ROWSUM_DOT:
-        l += tl.max(tl.dot(p8, ones8), axis=1)
-    else:
-        l += psum
-    if PERM:
-        p8 = _perm_p(p8, BM, BN)
+        p8, psum = _stage_ab_ungated(acc, s128, c, P_MX, BM, BN, RNE_CVT)
+    l += psum
+    p8 = _perm_p(p8, BM, BN)
     o = tl.dot(p8, tl.trans(tl.load(vt_ptrs)), o)
     return o, l
 
@@ -177,10 +172,9 @@ def _add_bias(acc, bias_ptrs, e_t, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, ones8, row_ok,
+def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
-          P_MX: tl.constexpr, ROWSUM_DOT: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr,
-          FAST: tl.constexpr = False, PERM: tl.constexpr = False, bias_ptrs=None, HAS_BIAS: tl.constexpr = False):
+          P_MX: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr, bias_ptrs=None, HAS_BIAS: tl.constexpr = False):
     """One steady-state key tile (lines 6-18 of Algorithm 1)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
@@ -189,11 +183,11 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
     if MASKED:
         kidx = t * BN + tl.arange(0, BN)
         acc = tl.where((kidx < n_keys)[None, :], acc, float("-inf"))
-    bmax = acc  # unused unless FAST and P_MX
-    if FAST and P_MX:  # the block maxima give P's scales and, reduced once more, the gate's row maxima
+    bmax = acc  # unused unless P_MX
+    if P_MX:  # the block maxima give P's scales and, reduced once more, the gate's row maxima
         bmax = _block_max(acc, BM, BN)
     if GATE:
-        if FAST and P_MX:
+        if P_MX:
             amax = tl.reshape(tl.max(bmax, axis=1), (BM,))
         else:
             amax = tl.max(acc, axis=1)
@@ -207,8 +201,7 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
             l = l * down
             nrows += tl.sum((fire & row_ok).to(tl.int32), axis=0)
             ntiles += 1
-    o, l = _accumulate(acc, bmax, pow2(e_t + 7), c, o, l, vt_ptrs, ones8, GATE, P_MX, ROWSUM_DOT, BM, BN,
-                       RNE_CVT, FAST, PERM)
+    o, l = _accumulate(acc, bmax, pow2(e_t + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
     return o, l, m, c, nrows, ntiles
 
 
@@ -217,8 +210,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_KVL: tl.constexpr,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
-                      SIGMA: tl.constexpr, ROWSUM_DOT: tl.constexpr, NUM_STAGES: tl.constexpr,
-                      RNE_CVT: tl.constexpr, FAST: tl.constexpr = False, PERM: tl.constexpr = False,
+                      SIGMA: tl.constexpr, NUM_STAGES: tl.constexpr, RNE_CVT: tl.constexpr,
                       BIAS=None, HAS_BIAS: tl.constexpr = False):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -238,7 +230,6 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     KE_row = KE + bh * (SKP // BN)
     bias_ptrs = BIAS + bh64 * SKP + kcol
     row_ok = rows < SQ
-    ones8 = tl.full((BN, 16), 1.0, tl.float32).to(tl.float8e4nv)
 
     o = tl.zeros((BM, D), tl.float32)
     l = tl.zeros((BM,), tl.float32)
@@ -254,21 +245,19 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
         c = (12582912.0 + 16249.0 + 128.0 * SIGMA) - 128.0 * m
         bmax0 = acc
-        if FAST and GATE and P_MX:
+        if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
-        o, l = _accumulate(acc, bmax0, pow2(e0 + 7), c, o, l, vt_ptrs, ones8, GATE, P_MX, ROWSUM_DOT, BM, BN,
-                           RNE_CVT, FAST, PERM)
+        o, l = _accumulate(acc, bmax0, pow2(e0 + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
-                                              vt_ptrs + t * BN, KE_row, t, n_keys, ones8, row_ok, BN, False,
-                                              GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM,
-                                              bias_ptrs + t * BN, HAS_BIAS)
+                                              vt_ptrs + t * BN, KE_row, t, n_keys, row_ok, BN, False,
+                                              GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS)
         if (n_full >= 1) & (n_full * BN < n_keys):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + n_full * BN * D,
-                                              vt_ptrs + n_full * BN, KE_row, n_full, n_keys, ones8, row_ok,
-                                              BN, True, GATE, CAP, P_MX, ROWSUM_DOT, BM, RNE_CVT, FAST, PERM,
-                                              bias_ptrs + n_full * BN, HAS_BIAS)
+                                              vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok,
+                                              BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + n_full * BN,
+                                              HAS_BIAS)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

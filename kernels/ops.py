@@ -21,36 +21,28 @@ BLOCK_M = 128
 BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 3
-# "fast" (default for mxfp6/mxfp4): two warpgroups on one 128-row query tile, mxfp6 P's Stage-B by scaled E4M3 conversion
-# (block maxima shared with the gate) and P's key columns in the FP8 A-fragment order (V8T stored to match).
-# H200, paper shape, kernel-only (benchmarks/results/kernel_variants_h200_2026-11-29.md): mxfp8 795 TFLOP/s,
-# mxfp6/mxfp4 632; bit-identical output to "classic" in every GPU test.
-# "classic": the first kernel (mxfp8 777 TFLOP/s, mxfp6/mxfp4 345: E2M3 rounding of P in fp32 ops); kept
-# as the readable form of the same numerics and selectable with FSATTN_KERNEL_VARIANT=classic.
-# "ws": the warp-specialized variant in fused_attention_ws.py; it compiles to producer + consumer
-# partitions but hung on the H200 (Triton 3.6, 2026-11-29): experimental, opt-in. MXFP6 P (mxfp6/mxfp4)
-# never takes "ws": Triton 3.6 cannot warp-specialize its block max.
-# "gluonpp" (default): kernels/fused_attention_gluon_pp.py, the fp8_row-P recipes (mxfp8) in Gluon (triton.language
-# cannot place the wgmma waits): every GEMM asynchronous with the softmax under the PV GEMM, the two warpgroups of a
-# 128-row tile as free-running warp-specialized partitions (a gate per warpgroup), 4 K/V stages, the row sum on the
-# tensor cores. H200, paper shape, kernel-only: ~945 TFLOP/s (fast 799). The same values as "fast" up to the row
-# sum's summation order. Recipes it does not cover (mxfp6, mxfp4) and the interpreter take "fast". (The one-warpgroup
-# "gluon" variant was removed in the fifth session: slower on every measured shape.)
-VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", "gluonpp")
+# Kernel variants, named for what they are (FSATTN_KERNEL_VARIANT picks one; the default covers every recipe):
+# "gluon_pingpong" (default): kernels/fused_attention_gluon_pingpong.py, the gated fp8_row-P recipes (mxfp8) in
+#   Gluon: two free-running warpgroups per 128-row tile, every GEMM asynchronous, the softmax of key tile j under
+#   the PV GEMM of tile j-1, the row sum on the tensor cores. H200, paper shape, kernel-only: ~945 TFLOP/s.
+# "triton": kernels/fused_attention.py, two warpgroups on one 128-row tile in triton.language, mxfp6 P's Stage-B by
+#   a scaled E4M3 conversion, P's key columns in the FP8 A-fragment order. It runs every recipe the other does not
+#   (mxfp6/mxfp4 P, no gate) and under the interpreter. H200, paper shape: mxfp8 ~795, mxfp6/mxfp4 ~632 TFLOP/s.
+# Both give the same values up to the row sum's summation order (tests/test_kernel_gpu.py).
+GLUON_PINGPONG = "gluon_pingpong"
+TRITON = "triton"
+VARIANTS = (GLUON_PINGPONG, TRITON)
+VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", GLUON_PINGPONG)
 PP_STAGES = 4
-VARIANTS = ("classic", "ws", "fast", "gluonpp")
-GLUON_VARIANTS = ("gluonpp",)
 
 
 def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
-    """The variant that runs ``plan``: "gluonpp" covers gated fp8_row P (mxfp8) on a GPU, else "fast" runs."""
+    """The variant that runs ``plan``: "gluon_pingpong" covers gated fp8_row P (mxfp8) on a GPU, else "triton"."""
     variant = variant or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    if variant in GLUON_VARIANTS and (plan.p_mxfp6 or not plan.gate or plan.rowsum_dot or INTERPRET):
-        return "fast"
-    if variant == "ws" and (plan.smooth_q or plan.hadamard_signs or plan.smooth_k):
-        return "fast"  # the experimental variant has no bias input
+    if variant == GLUON_PINGPONG and (plan.p_mxfp6 or not plan.gate or INTERPRET):
+        return TRITON
     return variant
 
 
@@ -75,7 +67,7 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
             ) -> KernelOperands:
     """All operands for the attention kernel (see kernels.prepass), smoothing included."""
     variant = effective_variant(variant, plan)
-    nan_pad = (variant == "ws" and not INTERPRET and not plan.p_mxfp6) or variant in GLUON_VARIANTS
+    nan_pad = variant == GLUON_PINGPONG
     valid = None
     if plan.smooth_k and kv_lens is not None:
         valid = torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None]
@@ -84,7 +76,7 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
     q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
                               q_mean=q_mean, bias_mult=scale * LOG2E)
-    v8t, vs = prepare_v(v, plan, kv_lens, perm=variant in ("fast",) + GLUON_VARIANTS)
+    v8t, vs = prepare_v(v, plan, kv_lens, perm=True)
     return KernelOperands(q8, qe, k8, ke, v8t, vs, bias, k_mean)
 
 
@@ -94,22 +86,19 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
                             num_stages: Optional[int] = None, variant: Optional[str] = None) -> None:
     """Launch the attention kernel on pre-pass outputs, writing ``out`` (B, H, S_q, D view, any strides).
 
-    ``stats`` is a (2,) int32 tensor that receives (rows rolled back, query x key tile pairs rolled
-    back) when ``variant`` is ``classic``; for ``ws`` pass ``stats=None`` to skip the counting, or a
-    tensor to get them (counted through a flag buffer). With K smoothing ``lse`` receives the log-sum-exp of the
+    ``stats`` is a (2,) int32 tensor that receives (rows rolled back, query x key tile pairs rolled back), or None
+    to skip the counting. With K smoothing ``lse`` receives the log-sum-exp of the
     smoothed scores: add ``smoothing.lse_offset(q, ops.k_mean, scale)`` for the true one (``fused_attention`` does).
     """
     variant = effective_variant(variant, plan)
     if num_stages is None:
-        num_stages = PP_STAGES if variant == "gluonpp" else NUM_STAGES
+        num_stages = PP_STAGES if variant == GLUON_PINGPONG else NUM_STAGES
     q8, qe, k8, ke, v8t, vs, bias, _ = ops
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     grid = (sqp // block_m, b * h)
-    if variant == "ws" and not plan.p_mxfp6:
-        return _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
-    if variant == "gluonpp":
-        return _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
+    if variant == GLUON_PINGPONG:
+        return _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
     from .fused_attention import fsattn_fwd_kernel
 
     if stats is None:
@@ -119,8 +108,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
-        ROWSUM_DOT=plan.rowsum_dot, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, FAST=variant == "fast",
-        PERM=variant == "fast", BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None,
+        NUM_STAGES=num_stages, RNE_CVT=INTERPRET, BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None,
         num_warps=num_warps)
 
 
@@ -133,11 +121,11 @@ def _fp8_desc(t, block):
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
 
 
-def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
-    """kernels/fused_attention_gluon_pp.py: 128-row tiles, one 4-warp partition per 64 rows (8 warps in all)."""
+def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
+    """kernels/fused_attention_gluon_pingpong.py: 128-row tiles, one 4-warp partition per 64 rows (8 warps)."""
     if block_m != 128:
-        raise ValueError(f"gluonpp kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
-    from .fused_attention_gluon_pp import ONES_N, WG_ROWS, fsattn_fwd_gluon_pp_kernel
+        raise ValueError(f"gluon_pingpong kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
+    from .fused_attention_gluon_pingpong import ONES_N, WG_ROWS, fsattn_fwd_gluon_pingpong_kernel
 
     q8, qe, k8, ke, v8t, vs, bias, _ = ops
     b, h, sqp, d = q8.shape
@@ -148,7 +136,7 @@ def _launch_gluon_pp(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num
     # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
     nkw = -(-(skp // BLOCK_N) // 32) if want_stats else 0
     flags = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
-    fsattn_fwd_gluon_pp_kernel[(sqp // block_m, b * h)](
+    fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
         _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N]),
         qe, ke, vs, bias if bias is not None else vs, out, lse if lse is not None else stats, stats, flags, nkw,
@@ -163,7 +151,7 @@ _ONES = {}
 
 
 def _ones_tile(device) -> torch.Tensor:
-    """The (8, 128) E4M3 ones operand of the gluonpp kernel's tensor-core row sum, one per device."""
+    """The (8, 128) E4M3 ones operand of the gluon_pingpong kernel's tensor-core row sum, one per device."""
     key = str(device)
     if key not in _ONES:
         _ONES[key] = torch.ones((8, BLOCK_N), device=device).to(torch.float8_e4m3fn)
@@ -176,38 +164,8 @@ def _popcount(words: torch.Tensor) -> torch.Tensor:
     return lut[words.view(torch.uint8).long()].sum()
 
 
-# Registers per thread of the gluonpp kernel's worker partition (the default one takes 256: 63488 of 65536).
+# Registers per thread of the gluon_pingpong kernel's worker partition (the default one takes 256: 63488 of 65536).
 PP_WORKER_REGS = 240
-
-
-def _launch_ws(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
-    from triton.tools.tensor_descriptor import TensorDescriptor
-
-    from .fused_attention_ws import fsattn_fwd_ws_kernel
-
-    q8, qe, k8, ke, v8t, vs = ops[:6]  # the ws variant takes no smoothing (effective_variant)
-    b, h, sqp, d = q8.shape
-    skp = k8.shape[2]
-    nqt, nkt = sqp // block_m, skp // BLOCK_N
-    qd = TensorDescriptor.from_tensor(q8.view(b * h * sqp, d), [block_m, d])
-    kd = TensorDescriptor.from_tensor(k8.view(b * h * skp, d), [BLOCK_N, d])
-    vd = TensorDescriptor.from_tensor(v8t.view(b * h * d, skp), [d, BLOCK_N])
-    want_stats = stats is not None
-    if want_stats:
-        flags = torch.zeros((b * h * nqt * nkt,), dtype=torch.int32, device=q8.device)
-        fired = torch.zeros((b * h * sqp,), dtype=torch.int32, device=q8.device)
-    else:
-        flags = fired = qe
-    fsattn_fwd_ws_kernel[(nqt, b * h)](
-        qd, kd, vd, qe, ke, vs, out, lse if lse is not None else vs, flags, fired,
-        kv_lens if kv_lens is not None else qe, *out.stride(), h, s_q, s_k, sqp, skp, nkt,
-        D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
-        P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
-        STATS=want_stats, NUM_STAGES=num_stages, RNE_CVT=INTERPRET, WS=not INTERPRET, MASK_WHERE=INTERPRET,
-        num_warps=4)
-    if want_stats:
-        stats[0] += fired.sum().to(torch.int32)
-        stats[1] += flags.sum().to(torch.int32)
 
 
 def _out_like(q: torch.Tensor, out_bshd: bool) -> torch.Tensor:

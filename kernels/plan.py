@@ -61,7 +61,6 @@ class KernelPlan:
     hadamard: bool
     gate: bool
     gate_cap: int  # doublings above the frozen reference that fire the gate
-    rowsum_dot: bool  # row sum from the quantized P (GEMM with ones) instead of Stage-A values
     hadamard_signs: bool = False  # rotate by H diag(s) (hadamard.rotation_signs)
     smooth_k: bool = False  # the pre-pass subtracts K's token mean (smoothing.token_mean)
     smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the per-key bias q_mean . k_j
@@ -104,7 +103,7 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
     return None
 
 
-def plan_for(recipe, rowsum_dot: bool = False) -> KernelPlan:
+def plan_for(recipe) -> KernelPlan:
     """The :class:`KernelPlan` of a supported recipe (check :func:`unsupported_reason` first)."""
     v_mx = recipe.v_format != "fp8_tensor"
     p_mx = recipe.p_format == "mxfp6"
@@ -120,7 +119,6 @@ def plan_for(recipe, rowsum_dot: bool = False) -> KernelPlan:
         hadamard=recipe.hadamard,
         gate=recipe.rollback,
         gate_cap=min(recipe.rollback_cap_log2, P_HEADROOM_LOG2),
-        rowsum_dot=rowsum_dot,
         hadamard_signs=recipe.hadamard_signs,
         smooth_k=recipe.smooth_k,
         smooth_q=recipe.smooth_q,

@@ -33,11 +33,11 @@ ROWS = 128
 QK_WARPS = 8
 V_WARPS = 8
 # Persistent Q/K pre-pass: programs per SM (0: one program per 128-row tile) and software-pipeline stages of its loop.
-# H200, paper shape, whole mxfp8 pre-pass: (0, 1) 0.48 ms, (2, 1) 0.45, (2, 2) 0.42, (1, 3) 0.47 (sixth session,
-# benchmarks/results/session6_h200_2026-11-29/s6_probe_call7.txt). (2, 2) uses 112 KB of shared memory per program.
+# H200, paper shape, whole mxfp8 pre-pass: (0, 1) 0.48 ms, (2, 1) 0.45, (2, 2) 0.42, (1, 3) 0.47 (benchmarks/NOTES.md,
+# the pre-pass). (2, 2) uses 112 KB of shared memory per program.
 QK_PROGRAMS_PER_SM = 2
 QK_STAGES = 2
-# MXFP4 Q/K (E2M1 elements) takes one stage: 0.193 ms per tensor at (2, 1) against 0.264 at (2, 2) (s6_probe_call9.txt;
+# MXFP4 Q/K (E2M1 elements) takes one stage: 0.193 ms per tensor at (2, 1) against 0.264 at (2, 2) (H200; the
 # same kernel as MXFP6 but for its constants, which went 0.205 -> 0.180 with the second stage).
 QK_STAGES_E2M1 = 1
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
@@ -196,7 +196,7 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
         vs = tl.zeros((D,), tl.float32) + scale
     if not HW_CVT:  # the CPU interpreter's fp32 -> fp8 cast is not nearest-even: round first there
         v8 = round_elem(v8, 3, -6, 448.0)
-    if PERM_V:  # the fast kernel's P column order (fused_attention._perm_p): key c at a = c0 + 2c3 + 4c1 + 8c2
+    if PERM_V:  # the attention kernels' P column order (fused_attention._perm_p): key c at a = c0 + 2c3 + 4c1 + 8c2
         # in registers (rows as (group, c3, c2, c1, c0) -> (group, c2, c1, c3, c0)) so the store stays contiguous
         v8 = tl.reshape(tl.permute(tl.reshape(v8, (BS // 16, 2, 2, 2, 2, D)), (0, 2, 3, 1, 4, 5)), (BS, D))
     tl.store(OUT + bh.to(tl.int64) * D * SP + cols[:, None] * SP + rows[None, :], tl.trans(v8.to(tl.float8e4nv)))
@@ -288,7 +288,7 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
     Returns
     -------
     v8t : Tensor (B, H, D, SKP) float8_e4m3fn (keys contiguous), padded keys zero. With ``perm`` (the
-        ``fast`` kernel variant) the keys of every aligned group of 16 are stored in the order of the FP8
+        attention kernels' P column order) the keys of every aligned group of 16 are stored in the order of the FP8
         wgmma A fragment (key c at position c0 + 2 c3 + 4 c1 + 8 c2, bits of c mod 16).
     vs : Tensor (B, H, D) float32, per-channel factor: V = v8t^T * vs.
     """

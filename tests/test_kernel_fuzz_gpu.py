@@ -28,12 +28,10 @@ if not CPU_INTERPRET:
 triton = pytest.importorskip("triton")
 
 from fsattn_diffusers import sm90_numerics  # noqa: E402
-from fsattn_diffusers.backends.triton_backend import kernels_package  # noqa: E402
 from fsattn_diffusers.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case, summary_lines  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset  # noqa: E402
 
-kernels_package()
 from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, effective_variant,  # noqa: E402
                                           fused_attention, prepass)
 from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: E402
@@ -41,7 +39,7 @@ from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: 
 pytestmark = pytest.mark.gpu
 DEV = "cpu" if CPU_INTERPRET else "cuda"
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None)
-FUZZ_VARIANTS = tuple(v for v in VARIANTS if v != "ws") + ("api",)
+FUZZ_VARIANTS = VARIANTS + ("api",)
 ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 

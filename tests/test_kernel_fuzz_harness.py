@@ -7,7 +7,7 @@ from fsattn_diffusers.kernel_fuzz import MAX_WORK, S_MAX, case_line, generate_ca
 from fsattn_diffusers.recipe import PRESETS
 
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
-VARIANTS = ("classic", "fast", "gluonpp")
+VARIANTS = ("gluon_pingpong", "triton", "api")
 
 
 def reference(q, k, v, recipe, scale, kv):
@@ -40,7 +40,7 @@ def test_generated_cases_cover_the_space():
 
 
 def tiny_cases(n=5):
-    return generate_cases(n, RECIPES, ("classic",), seed=1, max_work=1 << 15)
+    return generate_cases(n, RECIPES, ("triton",), seed=1, max_work=1 << 15)
 
 
 def test_harness_passes_the_reference_against_itself():

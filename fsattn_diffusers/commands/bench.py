@@ -41,9 +41,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--variant", default=None, choices=("classic", "fast", "ws", "gluonpp"),
-                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluonpp for mxfp8 and fast for the rest); 'classic' is the first "
-                             "kernel, 'ws' experimental, 'gluonpp' mxfp8 only; see benchmarks/NOTES.md")
+    parser.add_argument("--variant", default=None, choices=("gluon_pingpong", "triton"),
+                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluon_pingpong for mxfp8 and "
+                             "triton for the rest); gluon_pingpong covers mxfp8 only, the other recipes run triton")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
 
@@ -120,9 +120,6 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     import torch
 
     from .. import attention
-    from ..backends.triton_backend import kernels_package
-
-    kernels_package()
     from ..kernels.ops import attention_from_operands, prepass
     from ..kernels.plan import plan_for
     from ..recipe import get_recipe
@@ -216,7 +213,7 @@ def markdown(env: Dict, results: List[Dict]) -> str:
     lines = [f"# fsattn bench — {env.get('device', '?')}", "",
              f"- date: {env['date']}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
-             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'fast')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
+             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
              f"accuracy on {SAMPLE_ROWS} sampled query rows per head against float64 softmax", "",
              "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
              "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
@@ -248,14 +245,11 @@ def run(args) -> int:
         if x not in ("cudnn", "flash", "sage"):
             raise UsageError(f"unknown baseline {x!r}; accepted: cudnn, flash, sage")
     if args.variant:
-        from ..backends.triton_backend import kernels_package
-
-        kernels_package()
         from ..kernels import ops
 
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment()
-    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "gluonpp (mxfp8), fast (others)")
+    env["kernel_variant"] = args.variant or os.environ.get("FSATTN_KERNEL_VARIANT", "gluon_pingpong (mxfp8), triton (others)")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
     results = []
     for shp in shapes:

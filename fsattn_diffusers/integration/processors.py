@@ -130,7 +130,7 @@ class _FSAttnProcessorBase:
 
 
 # Wan's RoPE as one Triton pass (kernels/rope.py; bit-identical to _rope_interleaved on the H200, 1.8 ms instead of
-# 7.3 ms per 75600x40x128 operand, fifth session): on by default for CUDA tensors, FSATTN_FUSED_ROPE=0 turns it off.
+# 7.3 ms per 75600x40x128 operand): on by default for CUDA tensors, FSATTN_FUSED_ROPE=0 turns it off.
 FUSED_ROPE = os.environ.get("FSATTN_FUSED_ROPE", "1") != "0"
 # The kernel's grid puts the row blocks on CUDA's second grid axis (at most 65535 blocks of ROPE_ROWS rows).
 _FUSED_ROPE_MAX_TOKENS = 65535 * 32
@@ -144,10 +144,7 @@ def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor
             and cos.dtype == sin.dtype == torch.float32 and cos.dim() == sin.dim() == 4
             and tuple(cos.shape[1:]) == tuple(sin.shape[1:]) == (x.shape[1], 1, d)
             and cos.shape[0] in (1, x.shape[0]) and sin.shape[0] in (1, x.shape[0])):
-        from ..backends.triton_backend import kernels_package
-
-        kernels_package()
-        from fsattn_diffusers.kernels.rope import rope_interleaved
+        from ..kernels.rope import rope_interleaved
 
         return rope_interleaved(x, cos, sin)
     return _rope_interleaved(x, cos, sin)

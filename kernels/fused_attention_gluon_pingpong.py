@@ -18,11 +18,10 @@ at 32768 keys on the H200: FP8 wgmma accumulation is not fp32-exact), added in f
 NaN in K8 (pre-pass ``nan_pad``): their scores are NaN, which the gate, the frozen maximum and Stage-A's clamp drop
 (``maximum`` returns the non-NaN operand), so no tile needs a mask.
 
-History (benchmarks/NOTES.md): the kernel began as FlashAttention-3's ping-pong with "turn" mbarriers; Nsight Compute
-showed the turn made the two softmaxes alternate, and dropping it made the kernel 5% faster. The FP16 proxy and the
-tensor-core row sum took the steady loop from ~526 to ~418 instructions per tile and the paper-shape kernel from
-15.0 to 14.0 ms (fifth session). The gate's warpgroup-wide vote (two BAR.SYNC per tile) became a per-warp
-``vote.sync`` (14.0 -> 13.3 ms), and K and V of a tile share one mbarrier (-> 13.2 ms) (sixth session).
+Design choices, measured on the H200 (benchmarks/NOTES.md): no "turn" barrier between the two warpgroups (with one,
+the two softmaxes alternated instead of overlapping, 5% slower); the FP16-layout proxy and the row sum on the tensor
+cores (~526 -> ~418 instructions per steady-state tile); the gate's vote per warp (``vote.sync``) instead of a
+warpgroup-wide reduction (two BAR.SYNC per tile, ~5%); one mbarrier for the K and V of a tile.
 
 Rollback statistics: ``STATS[0]`` counts rows; the (128-row tile, key tile) pairs with a rollback are bits of ``FLAGS``
 (``NKW`` int32 words per (batch x head, query tile); ``NKW = 0`` records none), which the host counts, since the two
@@ -123,7 +122,7 @@ def _warp_any(fire, WG: gl.constexpr):
     Each thread ORs its two rows' flags and ``vote.sync.any`` writes the warp's answer into the predicate register
     declared by :func:`_warp_vote_declare`; a second asm block, whose only argument is a scalar, reads it back, so
     Gluon types the result as a scalar. Both blocks have side effects, so they stay in order. A warpgroup-wide
-    ``gl.max`` here cost two BAR.SYNC per key tile and ~8% of the kernel (sixth session); the rollback body is
+    ``gl.max`` here cost two BAR.SYNC per key tile and ~8% of the kernel on the H200; the rollback body is
     thread-local, so warps of one warpgroup may take it independently.
     """
     f = fire.to(gl.int32)
@@ -302,11 +301,11 @@ def _consumer1_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesb
 
 
 @gluon.jit
-def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW,
-                               KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
-                               D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr,
-                               CAP: gl.constexpr, SIGMA: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
-                               HAS_BIAS: gl.constexpr = False):
+def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS,
+                                     NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
+                                     D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr,
+                                     WRITE_LSE: gl.constexpr, CAP: gl.constexpr, SIGMA: gl.constexpr,
+                                     STAGES: gl.constexpr, REGS: gl.constexpr, HAS_BIAS: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -343,8 +342,8 @@ def fsattn_fwd_gluon_pp_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BI
         mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
                                         q_smem.index(i))
-    # the ones tile of the tensor-core row sum, by TMA (a ones tile stored from registers summed to half on the H200:
-    # scripts/rowsum_probe.py)
+    # the ones tile of the tensor-core row sum, by TMA (a ones tile stored to shared memory from registers gave row
+    # sums at half their value on the H200)
     mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
     tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
     for i in gl.static_range(STAGES):
