@@ -83,6 +83,15 @@ SYNTAX = ("exact, top:F, equal:F (0 < F <= 1), grid:K:R (K >= 1 steps, ratio R >
 MATCH_ROWS, MATCH_SEED, MATCH_ITERS, MATCH_RANGE = 32, 0, 30, 1e3
 
 
+def jsd_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
+    """Row-wise Jensen-Shannon divergence (nats) of distributions on the last axis (0 log 0 = 0)."""
+    p, q = p.to(torch.float64), q.to(torch.float64)
+    m = 0.5 * (p + q)
+    kl = lambda a: (torch.xlogy(a, a) - torch.xlogy(a, m)).sum(dim=-1)  # noqa: E731
+    return torch.clamp(0.5 * (kl(p) + kl(q)), min=0.0)
+
+
+
 def _number(text: str, what: str, kind: type = float):
     try:
         return kind(text)
@@ -305,7 +314,6 @@ def weights(scores: torch.Tensor, iv: Intervention, valid: Optional[torch.Tensor
 def match_scale(scores: torch.Tensor, valid: Optional[torch.Tensor], target: float, sharpen: bool) -> float:
     """The alpha (> 1 with ``sharpen``, else < 1) whose ``scale:alpha`` has mean row-wise JSD ``target``
     from softmax on these rows of scores (..., S_k); bisection on ``log alpha``."""
-    from .quality.diagnostics import jsd_rows
 
     exact = Intervention(Kind.EXACT)
     p = weights(scores, exact, valid)

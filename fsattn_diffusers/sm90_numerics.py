@@ -2,7 +2,7 @@
 
 Hopper has FP8 E4M3 tensor cores and no MX instructions, so the kernel (``kernels/``) carries every
 operand in E4M3 and keeps the softmax's scales as powers of two it can fold into one FMA. The
-differences, each reproduced by :func:`reference_attention`:
+differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_attention`:
 
 1. **Operand carry.** MX values (``elem * 2^s_b``) are held as ``E4M3(elem * 2^(s_b - R + t0)) * 2^(R - t0)``
    with ``R`` the largest block exponent of a group: a 128-row query tile (Q), a 128-key tile (K), a V
@@ -36,7 +36,7 @@ The FP8 tensor cores' accumulation (and fp32 summation order) is not modeled: te
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Optional, Tuple
 
 import torch
 
@@ -145,17 +145,3 @@ def mxfp6_p_scaled_e4m3(p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
     p8 = e4m3(code * torch.exp2(torch.clamp(kexp, min=-10).to(torch.float32)))
     sums = code.sum(dim=-1) * torch.exp2(kexp[..., 0].to(torch.float32))
     return p8.reshape(p.shape), sums
-
-
-def reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None
-                        ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, int]]:
-    """What the sm_90 kernel computes, in PyTorch: ``(out (B, H, S_q, D) in q's dtype, lse, stats)``.
-
-    q : (B, H, S_q, D); k, v : (B, H, S_k, D); any device. Only the kernel's recipes (MX Q/K,
-    Schraudolph U16, frozen max) are accepted. This is the emulator's shared tiled loop with
-    :class:`fsattn_diffusers.numerics.SM90Numerics` (``Recipe.numerics = "sm90"``).
-    """
-    from .emulator import emulate_attention
-
-    return emulate_attention(q, k, v, recipe.replace(numerics="sm90"), scale=scale, kv_lens=kv_lens,
-                             return_lse=True, return_stats=True)

@@ -3,7 +3,7 @@
 * :func:`exact_attention` — softmax attention in float64 (or float32), chunked over query rows so
   large shapes fit in memory; returns the output and the natural-log LSE.
 * :func:`relative_error` — the global relative error ``||out - ref||_F / ||ref||_F`` (the paper's
-  measure, as :func:`fsattn_diffusers.accuracy.error_and_cosine` computes it).
+  measure); :func:`error_and_cosine` gives it with the cosine.
 * :func:`cosine` — cosine similarity of the flattened tensors.
 """
 
@@ -13,7 +13,6 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
-from .accuracy import error_and_cosine
 
 # Elements of one score slab (B * H * rows * S_k) per chunk: 2^25 float64 values = 256 MiB.
 _SLAB_ELEMENTS = 1 << 25
@@ -80,6 +79,14 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
     if layout == "bshd":
         out = out.transpose(1, 2)
     return out, lse
+
+
+def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):
+    """Global relative Frobenius error and flattened cosine similarity (float64, on ``ref``'s device)."""
+    o, r = out.to(ref.device).double().flatten(), ref.double().flatten()
+    err = ((o - r).norm() / r.norm()).item()
+    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
+    return err, cos
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:

@@ -3,7 +3,7 @@
 import pytest
 import torch
 
-from fsattn_diffusers import e2e
+from fsattn_diffusers.measure import e2e
 
 TINY_WAN = dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=64, num_layers=1, text_dim=32)
 TINY_HUNYUAN = dict(num_attention_heads=2, attention_head_dim=64, num_layers=1, num_single_layers=1,

@@ -10,7 +10,7 @@ import torch
 
 import fake_fa3
 import fsattn_diffusers
-from fsattn_diffusers import e2e, e2e_config, e2e_report
+from fsattn_diffusers.measure import e2e, e2e_config, e2e_report
 from fsattn_diffusers.integration.tiny import tiny_wan22_pipeline
 
 pytestmark = pytest.mark.usefixtures("quiet_slow_backend_warning")

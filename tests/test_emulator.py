@@ -7,7 +7,8 @@ import torch
 
 import fsattn_diffusers as fa
 from fsattn_diffusers import emulator
-from fsattn_diffusers.accuracy import error_and_cosine, table4
+from fsattn_diffusers.testing import error_and_cosine
+from fsattn_diffusers.measure.accuracy_tables import table4
 from fsattn_diffusers.recipe import PRESETS
 
 RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]

@@ -10,7 +10,8 @@ import pytest
 import torch
 
 import fsattn_diffusers as fa
-from fsattn_diffusers.accuracy import TABLE4_ROWS, error_and_cosine
+from fsattn_diffusers.measure.accuracy_tables import TABLE4_ROWS
+from fsattn_diffusers.testing import error_and_cosine
 from fsattn_diffusers.recipe import PRESETS
 
 

@@ -5,7 +5,7 @@ import math
 import pytest
 import torch
 
-from fsattn_diffusers.accuracy import PAPER_TABLE8, table8
+from fsattn_diffusers.measure.accuracy_tables import PAPER_TABLE8, table8
 from fsattn_diffusers.exponent import (SCHRAUDOLPH_EPS, rowmax_h15, schraudolph, schraudolph_pattern,
                                        schraudolph_u16)
 from fsattn_diffusers.hadamard import fwht_unnormalized, hadamard_matrix, hadamard_transform

@@ -27,8 +27,8 @@ if not CPU_INTERPRET:
         pytest.skip("needs sm_90+", allow_module_level=True)
 triton = pytest.importorskip("triton")
 
-from fsattn_diffusers import sm90_numerics  # noqa: E402
-from fsattn_diffusers.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case, summary_lines  # noqa: E402
+from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from fsattn_diffusers.measure.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case, summary_lines  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset  # noqa: E402
 
@@ -60,7 +60,7 @@ def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
 
 
 def reference(q, k, v, recipe, scale, kv):
-    out, lse, _ = sm90_numerics.reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
+    out, lse, _ = sm90_reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
     return out, lse
 
 

@@ -2,8 +2,8 @@
 what they are for (the sm90 reference stands in for the kernel; broken stand-ins must fail)."""
 
 
-from fsattn_diffusers import sm90_numerics
-from fsattn_diffusers.kernel_fuzz import MAX_WORK, S_MAX, case_line, generate_cases, run_case, summary_lines
+from fsattn_diffusers.emulator import sm90_reference_attention
+from fsattn_diffusers.measure.kernel_fuzz import MAX_WORK, S_MAX, case_line, generate_cases, run_case, summary_lines
 from fsattn_diffusers.recipe import PRESETS
 
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
@@ -11,7 +11,7 @@ VARIANTS = ("gluon_pingpong", "triton", "api")
 
 
 def reference(q, k, v, recipe, scale, kv):
-    out, lse, _ = sm90_numerics.reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
+    out, lse, _ = sm90_reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
     return out, lse
 
 

@@ -5,7 +5,7 @@ float64 softmax attention on the same inputs,
 
     err(kernel) <= 2 * err(sm90 reference) + 1e-3,
 
-where the sm90 reference (:func:`fsattn_diffusers.sm90_numerics.reference_attention`) computes in
+where the sm90 reference (:func:`fsattn_diffusers.emulator.sm90_reference_attention`) computes in
 PyTorch what the kernel computes; and the kernel must stay within 2e-2 relative of that reference (FP8
 tensor-core accumulation and summation order are not modeled). Every test prints its numbers before
 asserting. Skipped without CUDA; ``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1`` runs the same
@@ -28,6 +28,7 @@ pytest.importorskip("triton")
 
 import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers import sm90_numerics  # noqa: E402
+from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.emulator import emulate_attention  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS  # noqa: E402
 from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
@@ -89,7 +90,7 @@ def run_case(recipe_name, b, h, s_q, s_k, d, layout, lens, spiky=False, seed=0):
     poison_allocator()
     out, lse, st = fused_attention(q, k, v, plan_for(recipe), scale=scale, kv_lens=kv, return_lse=True,
                                    return_stats=True)
-    ref_o, ref_lse, ref_st = sm90_numerics.reference_attention(q, k, v, recipe, scale=scale, kv_lens=kv)
+    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, recipe, scale=scale, kv_lens=kv)
     ex_o, ex_lse = exact(q, k, v, scale, kv)
     emu_o, _, _ = emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv)
     e_k, e_r, e_m = rel(out, ex_o), rel(ref_o, ex_o), rel(emu_o, ex_o)
@@ -147,7 +148,7 @@ def test_identical_keys_smooth_to_an_all_zero_tile(recipe):
     scale = 128 ** -0.5
     poison_allocator()
     out, lse, _ = fused_attention(q, k, v, plan_for(PRESETS[recipe]), scale=scale, kv_lens=kv, return_lse=True)
-    ref_o, ref_lse, _ = sm90_numerics.reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
+    ref_o, ref_lse, _ = sm90_reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
     ex_o, ex_lse = exact(q, k, v, scale, kv)
     print(f"{recipe}: err kernel {rel(out, ex_o):.5f} ref {rel(ref_o, ex_o):.5f}, "
           f"lse maxdiff {float((lse - ex_lse.float()).abs().max()):.2e}")
@@ -302,7 +303,7 @@ def test_gluon_variant_matches_triton_and_reference(case, variant):
     of, lf, sf = _kernel(q, k, v, "mxfp8", kv, "triton")
     og, lg, sg = _kernel(q, k, v, "mxfp8", kv, variant)
     scale = 1.0 / math.sqrt(d)
-    ref_o, ref_lse, ref_st = sm90_numerics.reference_attention(q, k, v, PRESETS["mxfp8"], scale=scale, kv_lens=kv)
+    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, PRESETS["mxfp8"], scale=scale, kv_lens=kv)
     ex_o, ex_lse = exact(q, k, v, scale, kv)
     e_g, e_r = rel(og, ex_o), rel(ref_o, ex_o)
     finite = torch.isfinite(ex_lse)

@@ -12,7 +12,7 @@ local heads only; the MX blocks are unchanged.
 import pytest
 import torch
 
-from fsattn_diffusers.parallel import check
+from fsattn_diffusers.measure import parallel_check as check
 
 RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
 #: Tiny Wan transformer with fsattn processors under diffusers' context parallelism.

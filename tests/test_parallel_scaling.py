@@ -11,7 +11,7 @@ import math
 
 import pytest
 
-from fsattn_diffusers.parallel import scaling
+from fsattn_diffusers.measure import cp_scaling as scaling
 
 POLICIES = ["bf16", "mxfp8", "mxfp6", "mxfp4"]
 

@@ -14,7 +14,7 @@ import math
 
 import pytest
 
-from fsattn_diffusers.parallel import scaling
+from fsattn_diffusers.measure import cp_scaling as scaling
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("xfuser", "yunchang", "distvae")),
                                 reason="needs xfuser 0.7, yunchang and distvae (pip install xfuser)")
@@ -24,7 +24,7 @@ POLICIES = ["bf16", "mxfp8", "mxfp6", "mxfp4"]
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    from fsattn_diffusers.parallel import xdit_scaling
+    from fsattn_diffusers.measure import xdit_scaling
 
     out = tmp_path_factory.mktemp("xdit_scaling")
     js, md = out / "xdit.json", out / "xdit.md"
@@ -69,7 +69,7 @@ def test_two_process_output_matches_one_process(report, mode):
 
 
 def test_setting_degrees():
-    from fsattn_diffusers.parallel.xdit_scaling import setting_degrees
+    from fsattn_diffusers.measure.xdit_scaling import setting_degrees
 
     assert setting_degrees("1gpu", 2) == dict(data_parallel_degree=2, ulysses_degree=1, ring_degree=1)
     assert setting_degrees("ulysses", 2) == dict(data_parallel_degree=1, ulysses_degree=2, ring_degree=1)

@@ -4,6 +4,7 @@ import pytest
 import torch
 
 from fsattn_diffusers import sm90_numerics
+from fsattn_diffusers.emulator import sm90_reference_attention
 from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.recipe import PRESETS
 
@@ -13,7 +14,7 @@ def test_sm90_reference_tracks_the_emulator_and_carries_mx_exactly():
     q, k, v = (torch.randn(1, 2, s, 64, generator=g) for s in (150, 300, 300))
     kv = torch.tensor([260])
     for name in ("mxfp8", "mxfp6", "mxfp4"):
-        out, lse, st = sm90_numerics.reference_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv)
+        out, lse, st = sm90_reference_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv)
         emu, else_, _ = emulate_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv, return_lse=True)
         diff = float((out - emu).norm() / emu.norm())
         print(name, "sm90 vs mi355x", diff, "lse", float((lse - else_).abs().max()), st)
@@ -31,7 +32,7 @@ def test_emulator_numerics_sm90_mode_runs_the_sm90_reference(recipe):
     """``Recipe(numerics="sm90")`` through the public API gives what the Hopper kernel computes; on normal
     inputs it stays within 2 pp of the MI355X semantics (the kernel's documented deviations)."""
     import fsattn_diffusers as fa
-    from fsattn_diffusers.accuracy import error_and_cosine
+    from fsattn_diffusers.testing import error_and_cosine
 
     g = torch.Generator().manual_seed(3)
     q, k, v = (torch.randn(1, 300, 2, 128, generator=g) for _ in range(3))
@@ -46,7 +47,7 @@ def test_emulator_numerics_sm90_mode_runs_the_sm90_reference(recipe):
 
 
 def test_fast_stage_b_equals_mxfp6_then_e4m3():
-    """The fast kernel's MXFP6 Stage-B (scaled E4M3 conversion, sm90_numerics.mxfp6_p_scaled_e4m3) gives
+    """The triton kernel's MXFP6 Stage-B (scaled E4M3 conversion, sm90_numerics.mxfp6_p_scaled_e4m3) gives
     exactly the reference's ``e4m3(fake_quantize_mx(p, E2M3, floor))`` and its block sums, on BF16 patterns
     spanning every exponent a gated P can take (and far below), ties and the E2M3 saturation."""
     from fsattn_diffusers.formats import E2M3, fake_quantize_mx
@@ -75,6 +76,6 @@ def test_padded_keys_do_not_change_the_sm90_reference():
         k2[b, :, n:] *= 1e4
         v2[b, :, n:] *= 1e4
     for name in ("mxfp8", "mxfp6"):
-        a = sm90_numerics.reference_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv)[0]
-        b_ = sm90_numerics.reference_attention(q, k2, v2, PRESETS[name], scale=0.125, kv_lens=kv)[0]
+        a = sm90_reference_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv)[0]
+        b_ = sm90_reference_attention(q, k2, v2, PRESETS[name], scale=0.125, kv_lens=kv)[0]
         assert torch.equal(a, b_), name

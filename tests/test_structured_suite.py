@@ -9,8 +9,8 @@ import types
 import pytest
 import torch
 
-from fsattn_diffusers import structured_suite as suite
-from fsattn_diffusers.structured_inputs import FAMILIES, get_family, position_features
+from fsattn_diffusers.measure import structured_suite as suite
+from fsattn_diffusers.measure.structured_inputs import FAMILIES, get_family, position_features
 from fsattn_diffusers.testing import cosine, exact_attention, relative_error
 
 B, H, S, D = 1, 2, 512, 64
@@ -280,7 +280,7 @@ def test_list_families():
 
 
 def test_default_recipes_and_table4_paper_presets(monkeypatch):
-    from fsattn_diffusers import accuracy
+    from fsattn_diffusers.measure import accuracy_tables as accuracy
     from fsattn_diffusers.recipe import PRESETS
 
     assert set(suite.default_recipes()) >= {"mxfp8", "mxfp6", "mxfp4"}
@@ -294,7 +294,7 @@ def test_default_recipes_and_table4_paper_presets(monkeypatch):
 
 
 def test_conventional_columns_follow_each_recipe():
-    from fsattn_diffusers.accuracy import paper_preset, table4_recipe
+    from fsattn_diffusers.measure.accuracy_tables import paper_preset, table4_recipe
     from fsattn_diffusers.recipe import PRESETS
 
     conv = suite.conventional_recipe(paper_preset("mxfp6").replace(numerics="sm90"))

@@ -8,45 +8,12 @@ the reason when not) and whether it can take one particular call (``unsupported(
 
 from __future__ import annotations
 
-import warnings
-from dataclasses import dataclass, field
-from typing import Callable, Dict, List, Optional
+from typing import Dict, Optional
 
 import torch
 
-
-@dataclass
-class Backend:
-    name: str
-    fn: Callable
-    available: Callable[[torch.device], Optional[str]]
-    unsupported: Callable[..., Optional[str]]
-    slow: bool = False
-    #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
-    #: ``torch.compile`` traces (the probes themselves import modules and query the device).
-    _seen: Dict[tuple, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
-
-    def available_on(self, device: torch.device) -> Optional[str]:
-        key = (self.available, device.type, device.index)  # a replaced probe (tests) is asked again
-        if key not in self._seen:
-            self._seen[key] = self.available(device)
-        return self._seen[key]
-
-
-_REGISTRY: Dict[str, Backend] = {}
-#: Order tried by ``backend="auto"``; the emulator runs everywhere and closes the list.
-AUTO_ORDER: List[str] = ["triton", "aiter", "emulator"]
-_WARNED: set = set()
-
-
-def register_backend(backend: Backend) -> None:
-    """Add or replace a backend (used by the emulator, the Triton kernel and the AITER adapter)."""
-    _REGISTRY[backend.name] = backend
-
-
-def unregister_backend(name: str) -> None:
-    """Remove a backend added with :func:`register_backend` (no error when absent)."""
-    _REGISTRY.pop(name, None)
+from .registry import (_REGISTRY, _WARNED, AUTO_ORDER, Backend, register_backend,  # noqa: F401 (the public table)
+                       unregister_backend, warn_once)
 
 
 def _ensure_loaded() -> None:
@@ -60,17 +27,6 @@ def _ensure_loaded() -> None:
 def registered() -> Dict[str, Backend]:
     _ensure_loaded()
     return dict(_REGISTRY)
-
-
-def warn_once(key: str, message: str) -> None:
-    """Emit ``message`` once per process for ``key``, as an :class:`~fsattn_diffusers.notices.FSAttnWarning`
-    (a RuntimeWarning) attributed to the user's code, not to an fsattn source line; not while ``torch.compile``
-    traces (a warning would break the graph; the eager calls of the same run emit it)."""
-    if key not in _WARNED and not torch.compiler.is_compiling():
-        _WARNED.add(key)
-        from ..notices import warn
-
-        warn(message)
 
 
 def availability(device: torch.device) -> Dict[str, Optional[str]]:

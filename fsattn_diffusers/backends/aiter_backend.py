@@ -16,7 +16,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ..recipe import PRESETS
-from . import Backend, register_backend
+from .registry import Backend, register_backend
 
 # AITER's mha_v4 kernels take head dim 128 only.
 AITER_HEAD_DIM = 128

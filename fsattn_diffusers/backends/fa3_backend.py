@@ -28,7 +28,7 @@ from typing import Optional
 import torch
 
 from ..recipe import PRESETS, Recipe
-from . import Backend, register_backend
+from .registry import Backend, register_backend
 
 #: FP8 E4M3 largest finite value: a per-(batch, head) scale maps amax onto it.
 E4M3_MAX = 448.0

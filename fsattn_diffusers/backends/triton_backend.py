@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from . import Backend, register_backend
+from .registry import Backend, register_backend
 
 
 def _available(device):

@@ -112,9 +112,9 @@ def _versions(meta) -> None:
 
 def _run_suite(args, meta) -> int:
     from ..recipe import PRESETS
-    from ..structured_inputs import DESCRIPTIONS, FAMILIES
-    from ..structured_report import checks_text, markdown, text_table
-    from ..structured_suite import DTYPES, bar_checks, default_recipes, run_suite
+    from ..measure.structured_inputs import DESCRIPTIONS, FAMILIES
+    from ..measure.structured_report import checks_text, markdown, text_table
+    from ..measure.structured_suite import DTYPES, bar_checks, default_recipes, run_suite
 
     if args.list_families:
         for name in FAMILIES:
@@ -220,13 +220,13 @@ def run(args) -> int:
             meta["command"] = "python -m fsattn_diffusers " + " ".join(sys.argv[1:])
         return _run_suite(args, meta)
     if args.table == 8:
-        from ..accuracy import table8
+        from ..measure.accuracy_tables import table8
 
         rows = table8()
         _print_table8(rows)
         payload = {"table": 8, "meta": meta, "rows": rows}
     else:
-        from ..accuracy import TABLE4_COLUMNS, table4
+        from ..measure.accuracy_tables import TABLE4_COLUMNS, table4
 
         shape = _parse_shape(args.shape or "1,2,4096,128")
         if args.seeds < 1:

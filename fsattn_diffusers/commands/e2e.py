@@ -41,7 +41,7 @@ def add_arguments(p) -> None:
 
 
 def run(args) -> int:
-    from .. import e2e
+    from ..measure import e2e
 
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES]
@@ -74,7 +74,7 @@ def run(args) -> int:
     device = torch.device(args.device)
     if device.type == "cuda" and not torch.cuda.is_available():
         raise UsageError("--device cuda but no CUDA device is available; accepted: a CUDA device, or --device cpu")
-    from .. import e2e_config, e2e_report
+    from ..measure import e2e_config, e2e_report
 
     if args.gemms == "fp8":
         why = e2e_config.fp8_gemms_refusal(device)

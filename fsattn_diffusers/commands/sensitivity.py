@@ -27,7 +27,7 @@ def add_arguments(p) -> None:
     from ..quality.cli_common import add_video_arguments
     from ..quality.metrics import DEFAULT_EVERY
     from ..quality.sensitivity import DEFAULT_ROWS
-    from ..quality.sensitivity_attention import MODEL_SIZES
+    from ..measure.sensitivity_attention import MODEL_SIZES
 
     src = p.add_mutually_exclusive_group()
     src.add_argument("--prompt", action="extend", nargs="+", default=None, metavar="TEXT",
@@ -95,7 +95,7 @@ def _prompts(args):
 def _attention_only(args, ivs) -> int:
     import torch
 
-    from ..quality.sensitivity_attention import run_attention_only, write_attention_outputs
+    from ..measure.sensitivity_attention import run_attention_only, write_attention_outputs
 
     if args.model is not None:
         raise UsageError("--attention-only builds a random-weight transformer (--model-size); drop --model")

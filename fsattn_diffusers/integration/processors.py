@@ -118,7 +118,7 @@ class _FSAttnProcessorBase:
     def _attend(self, q, k, v, entry, kv_lens=None):
         """fsattn attention on (B, S, H, D) operands; output (B, S, H*D) in q's dtype."""
         if self._parallel_config is not None and kv_lens is None:  # this rank's sequence shard
-            from ..parallel.context_parallel import context_parallel_attention
+            from .context_parallel import context_parallel_attention
 
             out = context_parallel_attention(q, k, v, entry, self._parallel_config, backend=self.backend)
             return out.flatten(2, 3).to(q.dtype)

@@ -7,7 +7,7 @@
 * :func:`merge_by_lse`: the LSE merge of key-sharded results, as a reference.
 """
 
-from .context_parallel import context_parallel_attention, fsattn_forward_op
+from ..integration.context_parallel import context_parallel_attention, fsattn_forward_op
 from .lse import merge_by_lse
 from .xdit_adapter import DEFAULT_SLOT, RING_SLOTS, XDiTAttention, XDiTHandle, default_cross_slot, install
 

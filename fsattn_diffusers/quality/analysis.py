@@ -14,7 +14,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from ..accuracy import error_and_cosine
+from ..testing import error_and_cosine
 from ..api import attention, supported_head_dim
 from ..recipe import PRESETS, Recipe, get_recipe
 

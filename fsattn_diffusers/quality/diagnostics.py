@@ -22,6 +22,8 @@ from typing import Dict, Optional, Sequence
 
 import torch
 
+from ..interventions import jsd_rows
+
 #: Thresholds of the mass-concentration fields.
 HIGH, LOW = 0.1, 1e-4
 #: Fields of :meth:`Diagnostics.result`, in report order.
@@ -32,14 +34,6 @@ CHUNK_ELEMENTS = 1 << 24
 
 _SUMS = ("rows", "valid", "ref_hi_n", "ref_hi_w", "ref_lo_n", "ref_lo_w", "hi_n", "hi_w", "lo_n", "lo_w", "zero_n",
          "dropped_w", "log_sq", "log_n", "wlog_sq", "wlog_w", "jsd", "out_sq", "ref_sq")
-
-
-def jsd_rows(p: torch.Tensor, q: torch.Tensor) -> torch.Tensor:
-    """Row-wise Jensen-Shannon divergence (nats) of distributions on the last axis (0 log 0 = 0)."""
-    p, q = p.to(torch.float64), q.to(torch.float64)
-    m = 0.5 * (p + q)
-    kl = lambda a: (torch.xlogy(a, a) - torch.xlogy(a, m)).sum(dim=-1)  # noqa: E731
-    return torch.clamp(0.5 * (kl(p) + kl(q)), min=0.0)
 
 
 class Diagnostics:

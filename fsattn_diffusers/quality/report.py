@@ -8,7 +8,7 @@ import platform
 import time
 from typing import Dict, List
 
-from .results import jsonable, policy_means, video_rows, write_csv
+from .results import format_metric, jsonable, policy_means, video_rows, write_csv
 from .store import relpath
 
 RESULTS_CSV, RESULTS_JSON, REPORT_MD = "results.csv", "results.json", "report.md"
@@ -23,7 +23,6 @@ def _versions() -> Dict[str, str]:
 
 
 def _cell(value, digits: int = 4) -> str:
-    from .sweep import format_metric
 
     if value is None:
         return "–"

@@ -136,3 +136,12 @@ def read_csv(path: str) -> List[Dict]:
     """Rows of a results.csv as strings (``inf`` and ``unavailable`` kept as written)."""
     with open(path, newline="", encoding="utf-8") as fh:
         return list(csv.DictReader(fh))
+
+
+def format_metric(value, digits: int = 4) -> str:
+    """Text of a metric: ``inf`` for infinity, ``unavailable`` for None (use where None means that)."""
+    if value is None:
+        return "unavailable"
+    if isinstance(value, float) and math.isinf(value):
+        return "inf" if value > 0 else "-inf"
+    return f"{value:.{digits}f}"

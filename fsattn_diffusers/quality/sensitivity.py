@@ -31,6 +31,7 @@ import torch
 
 from ..interventions import Intervention, intervened_attention, parse_interventions
 from .diagnostics import FIELDS, Diagnostics
+from .sensitivity_report import COLUMNS, write_sensitivity_outputs  # noqa: F401 (COLUMNS: the table's columns)
 from .sweep import REFERENCE, PolicyItem
 
 #: Name of the temporary backend (registered only while a sensitivity run generates).
@@ -39,9 +40,6 @@ SENSITIVITY_BACKEND = "fsattn-sensitivity"
 NAME_PREFIX = "iv:"
 #: Query rows per call and batch entry that the diagnostics use by default.
 DEFAULT_ROWS = 32
-SENS_CSV, SENS_JSON, SENS_MD, DAMAGE_PNG = "sensitivity.csv", "sensitivity.json", "sensitivity.md", "damage_vs_jsd.png"
-#: Columns of sensitivity.csv (video metrics are means over prompts; diagnostics are means of the videos').
-COLUMNS = ("intervention", "family", "videos", "psnr_db", "ssim", "lpips", "mse", "calls") + FIELDS
 _BLOCK = re.compile(r"blocks\.(\d+)\.")
 #: CPU calls with at most this many scores run the intervention math on one thread (see :func:`_one_thread`).
 SMALL_CALL_SCORES = 1 << 22
@@ -270,7 +268,6 @@ def run_sensitivity(pipe, spec, prompts: Sequence[str], interventions: Sequence,
     result.seconds = time.perf_counter() - start
     files = write_outputs(result, store, grid_frames)
     table = sensitivity_table(result, per_video, by_label)
-    from .sensitivity_report import write_sensitivity_outputs
 
     files.update(write_sensitivity_outputs(result, table, per_video, out, dict(
         steps=_ranges(steps), layers=_ranges(layers), rows=rows, sample_seed=sample_seed)))

@@ -13,7 +13,12 @@ import os
 import time
 from typing import Dict, List
 
+from .diagnostics import FIELDS
 from .results import csv_text, jsonable
+
+SENS_CSV, SENS_JSON, SENS_MD, DAMAGE_PNG = "sensitivity.csv", "sensitivity.json", "sensitivity.md", "damage_vs_jsd.png"
+#: Columns of sensitivity.csv (video metrics are means over prompts; diagnostics are means of the videos').
+COLUMNS = ("intervention", "family", "videos", "psnr_db", "ssim", "lpips", "mse", "calls") + FIELDS
 
 #: Video-damage axes of the damage-vs-JSD figure: (key, label, transform).
 DAMAGE_AXES = (("mse", "video MSE vs bf16 (pixel units^2)"), ("one_minus_ssim", "1 - SSIM vs bf16"),
@@ -80,7 +85,6 @@ def _cell(x, digits=4) -> str:
 def write_sensitivity_outputs(result, table: List[Dict], per_video: Dict[tuple, dict], out: str,
                               selection: Dict) -> Dict[str, str]:
     """Write sensitivity.csv, sensitivity.json, damage_vs_jsd.png and sensitivity.md; return their paths."""
-    from .sensitivity import COLUMNS, DAMAGE_PNG, SENS_CSV, SENS_JSON, SENS_MD
 
     files = {"sens_csv": os.path.join(out, SENS_CSV), "sens_json": os.path.join(out, SENS_JSON),
              "sens_report": os.path.join(out, SENS_MD)}

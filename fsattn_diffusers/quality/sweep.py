@@ -293,12 +293,3 @@ def run_sweep(pipe, spec: VideoSpec, prompts: Sequence[str], policies: Sequence,
     result.device = str(getattr(pipe, "device", "cpu"))
     result.files = write_outputs(result, store, grid_frames)
     return result
-
-
-def format_metric(value, digits: int = 4) -> str:
-    """Text of a metric: ``inf`` for infinity, ``unavailable`` for None (use where None means that)."""
-    if value is None:
-        return "unavailable"
-    if isinstance(value, float) and math.isinf(value):
-        return "inf" if value > 0 else "-inf"
-    return f"{value:.{digits}f}"

@@ -22,7 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .diagnostics import FIELDS
+from ..quality.diagnostics import FIELDS
 
 ATTENTION_BACKEND = "fsattn-sensitivity-attention"
 MODEL_SIZES = ("wan22", "tiny")
@@ -41,8 +41,8 @@ class _Observer:
 
     def __call__(self, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
         from ..integration.install import installed
-        from .analysis import sample_rows
-        from .diagnostics import call_diagnostics
+        from ..quality.analysis import sample_rows
+        from ..quality.diagnostics import call_diagnostics
 
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, scale=scale)
         t0 = time.perf_counter()
@@ -63,7 +63,7 @@ class _Observer:
 
 
 def _model_spec(model_size: str, frames: int, height: int, width: int, layers: Optional[int]):
-    from .. import e2e
+    from . import e2e
 
     if model_size not in MODEL_SIZES:
         raise ValueError(f"unknown model size {model_size!r}; accepted: {', '.join(MODEL_SIZES)}")
@@ -102,7 +102,7 @@ def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", fr
     dict with ``meta`` (device, versions, date, tokens, config, seconds), ``summary``
     (``{label: {field: value}}``, :data:`SUMMARY_FIELDS`) and ``calls`` (per call and batch entry).
     """
-    from .. import e2e
+    from . import e2e
     from ..backends import Backend, register_backend, registered, unregister_backend
     from ..integration.install import apply, remove
     from ..interventions import parse_interventions
@@ -194,7 +194,7 @@ def attention_markdown(result: Dict) -> str:
 
 
 def write_attention_outputs(result: Dict, out: str) -> Dict[str, str]:
-    from .results import jsonable
+    from ..quality.results import jsonable
 
     os.makedirs(out, exist_ok=True)
     files = {"json": os.path.join(out, ATTN_JSON), "report": os.path.join(out, ATTN_MD)}

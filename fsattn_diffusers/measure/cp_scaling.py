@@ -48,8 +48,8 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .. import e2e
-from .check import GLOO_LOOPBACK_ENV, RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
+from . import e2e
+from .parallel_check import GLOO_LOOPBACK_ENV, RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
 
 #: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
 NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -210,7 +210,7 @@ def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup:
 
 
 def rel_err_cos(out: torch.Tensor, ref: torch.Tensor):
-    from ..accuracy import error_and_cosine
+    from ..testing import error_and_cosine
 
     return error_and_cosine(out, ref)
 

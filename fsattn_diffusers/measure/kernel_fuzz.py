@@ -22,7 +22,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .nonfinite import exact_slices
+from ..nonfinite import exact_slices
 
 TOL_FACTOR = 2.0
 TOL_ATOL = 1e-3

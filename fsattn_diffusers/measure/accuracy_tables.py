@@ -11,9 +11,10 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
-from .emulator import emulate_attention
-from .exponent import SCHRAUDOLPH_EPS
-from .recipe import PAPER_SUFFIX, PRESETS, Recipe
+from ..emulator import emulate_attention
+from ..exponent import SCHRAUDOLPH_EPS
+from ..recipe import PAPER_SUFFIX, PRESETS, Recipe
+from ..testing import error_and_cosine
 
 # Paper Table 8: proxy -> (mantissa bits M, exponent bits E, min %, max %, RMS %, added RMS %).
 PAPER_TABLE8 = {
@@ -83,14 +84,6 @@ def paper_preset(name: str) -> Recipe:
 def table4_recipe(row: str, column: str) -> Recipe:
     """The recipe of one Table 4 cell: the column's paper operands (Table 3) with the row's components."""
     return paper_preset(column).replace(name=f"{column}:{row}", **TABLE4_ROWS[row])
-
-
-def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):
-    """Global relative Frobenius error and flattened cosine similarity (float64, on ``ref``'s device)."""
-    o, r = out.to(ref.device).double().flatten(), ref.double().flatten()
-    err = ((o - r).norm() / r.norm()).item()
-    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
-    return err, cos
 
 
 def table4(shape: Sequence[int] = (1, 24, 32768, 128), seeds: int = 10, device: str = "cpu",

@@ -27,7 +27,7 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..accuracy import error_and_cosine
+from ..testing import error_and_cosine
 from ..api import attention
 
 MODES = ("ring", "ulysses", "xdit_ring")
@@ -64,7 +64,7 @@ def _xdit_ring(q, k, v, recipe, backend):
     import torch.distributed as dist
     from torch.distributed.tensor.experimental._attention import _cp_options, _templated_ring_attention
 
-    from .xdit_adapter import XDiTAttention
+    from ..parallel.xdit_adapter import XDiTAttention
 
     _cp_options.enable_load_balance = False  # as xDiT sets it
     fn = XDiTAttention(recipe, fallback=lambda *a, **kw: None, backend=backend)
@@ -111,7 +111,7 @@ def _worker(rank: int, world: int, init_file: str, out_file: str, recipes: List[
 
     import torch.distributed as dist
 
-    from .context_parallel import context_parallel_attention
+    from ..integration.context_parallel import context_parallel_attention
     from ..recipe import get_recipe
 
     warnings.filterwarnings("ignore", category=FutureWarning)  # diffusers' all_gather_tensor deprecation

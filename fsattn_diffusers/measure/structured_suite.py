@@ -27,10 +27,10 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from .accuracy import TABLE4_ROWS
-from .recipe import PRESETS, Recipe, get_recipe
+from .accuracy_tables import TABLE4_ROWS
+from ..recipe import PRESETS, Recipe, get_recipe
 from .structured_inputs import FAMILIES, get_family
-from .testing import cosine, exact_attention, nonfinite_where_finite, relative_error
+from ..testing import cosine, exact_attention, nonfinite_where_finite, relative_error
 
 DTYPES = {"float16": torch.float16, "bfloat16": torch.bfloat16}
 FP8_MAX = 448.0

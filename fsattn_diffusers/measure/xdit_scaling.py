@@ -45,10 +45,9 @@ from typing import Dict, List
 
 import torch
 
-from .. import e2e
-from . import scaling
-from .scaling import (BF16_TOLERANCE, ABSOLUTE_FLOOR, MATCH_TIMESTEP, RELATIVE_TOLERANCE, _barrier, _check_identical,
-                      _fmt, _log)
+from . import e2e
+from . import cp_scaling as scaling
+from .cp_scaling import BF16_TOLERANCE, ABSOLUTE_FLOOR, MATCH_TIMESTEP, RELATIVE_TOLERANCE, _barrier, _check_identical, _fmt, _log
 
 #: xDiT slot of the stock bf16 kernel (self- and cross-attention).
 STOCK_SLOT = "CUDNN"

@@ -161,7 +161,7 @@ def timed_attention(timer: AttentionTimer, fsattn: bool, with_stats: bool = True
     (fsattn recipes, with rollback statistics when ``with_stats``; baseline kernels) otherwise."""
     import torch.nn.functional as F
 
-    from .integration import processors
+    from ..integration import processors
 
     if fsattn:
         original = processors.attention
@@ -210,8 +210,8 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
     ``"compile"``), and the instrumented step is skipped (its timer would recompile the blocks)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    from .integration.policy import get_policy
-    from .integration.processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
+    from ..integration.policy import get_policy
+    from ..integration.processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 
     stock = policy == "bf16"
     baseline = not stock and get_policy(policy).backend is not None  # a baseline kernel: no rollback gate
@@ -233,7 +233,7 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
             if compiled:
                 from . import e2e_config
 
-                from .backends import availability
+                from ..backends import availability
 
                 availability(next(model.parameters()).device)  # backend probes eagerly, before tracing
                 e2e_config.compile_blocks(model, fullgraph=True, backend=compile_backend)
