@@ -13,12 +13,12 @@ import torch
 
 from . import differentiable, nonfinite
 from .backends import run_backend
+from .formats import MX_BLOCK
 from .recipe import Recipe, get_recipe
 
 LAYOUTS = ("bshd", "bhsd")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 # MX blocks hold 32 elements (OCP MX v1.0) and the Walsh-Hadamard transform needs a power of two.
-MX_BLOCK = 32
 
 
 def supported_head_dim(recipe: Recipe, head_dim: int) -> Optional[str]:

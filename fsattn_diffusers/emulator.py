@@ -7,16 +7,15 @@ for the rollback statistics), so no S_q x S_k matrix is ever built: the largest 
 
 from __future__ import annotations
 
-import math
 from typing import Dict, Optional, Tuple
 
 import torch
 
+from .exponent import LN2
 from .numerics import MI355XNumerics, numerics_for
 from .recipe import Recipe
 from .smoothing import smooth_inputs
 
-LN2 = math.log(2.0)
 # Upper bound on (groups x rows x keys) elements of one score slab: ~256 MB of float32.
 _SLAB_ELEMENTS = 1 << 26
 

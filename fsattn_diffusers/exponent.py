@@ -7,8 +7,14 @@ probability proxy as float32 values. ``y = -inf`` (masked key) gives 0 for ``exa
 
 from __future__ import annotations
 
+import math
+
 import torch
 
+#: log2(e): scores times ``alpha * LOG2E`` are base-2 exponents (the pre-scaled Q of Section 4.4).
+LOG2E = 1.0 / math.log(2.0)
+#: ln(2): base-2 log-sum-exp back to natural units.
+LN2 = math.log(2.0)
 # Schraudolph's tuned offset minimizing the RMS relative error of the ramp (paper Section 4.2, Eq. 9).
 SCHRAUDOLPH_EPS = 0.05798
 # (mantissa bits M, exponent bias b, pattern width W) of each proxy (paper Section 4.2, Table 8).

@@ -56,7 +56,8 @@ from typing import List, Optional, Sequence
 
 import torch
 
-LOG2E = 1.0 / math.log(2.0)
+from .exponent import LOG2E
+
 #: Score elements (rows x keys, all heads) held at once by :func:`intervened_attention`.
 SLAB_ELEMENTS = 1 << 24
 #: Default code width of the absolute log2 lattice.

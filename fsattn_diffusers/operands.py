@@ -13,10 +13,10 @@ import torch
 
 from .formats import (DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, MX_BLOCK, MX_ELEMENT, fake_quantize_fp8_tensor,
                       fake_quantize_mx, round_to_bf16)
+from .exponent import LOG2E  # noqa: F401 (operands.LOG2E: where Q is pre-scaled)
 from .hadamard import fwht_unnormalized, rotation_signs
 from .recipe import Recipe
 
-LOG2E = 1.0 / math.log(2.0)
 
 
 def scale_rule(recipe: Recipe, operand: str, fmt_name: str) -> str:

@@ -12,6 +12,8 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from .formats import SCALE_RULES
+
 # The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
 ROLLBACK_CAP_LOG2 = 32
 # Query-tile rows and key-tile columns of the paper's kernels (Section 3: M = 256, N = 128).
@@ -23,7 +25,6 @@ P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
 V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
 EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
 PROXIES = ("u32", "u16", "u8")
-SCALE_RULES = ("floor", "ceil", "round_up_175")
 NUMERICS = ("mi355x", "sm90")
 
 

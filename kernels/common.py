@@ -11,8 +11,9 @@ F32_EXP_MASK = 0x7F800000
 F32_MANT_ONES = 0x007FFFFF
 # AITER's MXFP8 rule: adding 2^21 to the fp32 bits of amax carries into the exponent iff mantissa >= 1.75.
 ROUND_UP_175_ADD = 0x00200000
-# 1.5 * 2^23: adding it to |t| < 2^22 leaves round-half-even(t) in the low mantissa bits (ulp = 1).
-RNE_MAGIC = 12582912.0
+# 1.5 * 2^23: adding it to |t| < 2^22 leaves round-half-even(t) in the low mantissa bits (ulp = 1); Stage-A's
+# FMA lands the 16-bit proxy pattern there the same way (Section 4.2).
+RNE_MAGIC = tl.constexpr(12582912.0)
 
 
 @triton.jit
@@ -49,7 +50,7 @@ def round_elem(y, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
     e = ((ay.to(tl.int32, bitcast=True) >> 23) & 0xFF) - 127
     qexp = tl.maximum(e, EMIN) - MBITS
     t = ay * pow2(-qexp)
-    r = (t + 12582912.0) - 12582912.0
+    r = (t + RNE_MAGIC) - RNE_MAGIC
     val = tl.minimum(r * pow2(qexp), MAXV)
     return tl.where(y < 0, -val, val)
 

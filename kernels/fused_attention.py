@@ -22,19 +22,21 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from .common import pow2, round_elem
+from fsattn_diffusers import sm90_numerics
+from fsattn_diffusers.exponent import LN2 as _LN2
 
-# 1.5 * 2^23: f = MAGIC + pattern keeps pattern (< 2^22) in the low mantissa bits, rounded half-even.
-MAGIC = 12582912.0
-# 128 * (127 - eps') with eps' = 7/128 = 0.0547 (paper eps = 0.05798, Section 4.2), an exact integer.
-D_BITS = 16249
-LN2 = 0.6931471805599453
+from .common import RNE_MAGIC as MAGIC, pow2, round_elem
 
-
+# f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
+# Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).
+D_BITS = tl.constexpr(float(sm90_numerics.D_BITS))
 # 7 * MAGIC + 8 * D_BITS - D_BITS_F16: 8 c - F16_SHIFT is the FP16-grid Stage-A constant
 # MAGIC + 1024 (15 - eps') + 1024 sigma - 1024 m (sm90_numerics difference 7), exactly (integers below 2^27).
-D_BITS_F16 = 15304
-F16_SHIFT = tl.constexpr(float(7 * 12582912 + 8 * D_BITS - D_BITS_F16))
+F16_SHIFT = tl.constexpr(float(7 * int(MAGIC.value) + 8 * sm90_numerics.D_BITS - sm90_numerics.D_BITS_F16))
+# Saturation patterns without the gate: FP16's largest finite value, and BF16's 0xFFFF.
+F16_MAX_BITS = tl.constexpr(float(sm90_numerics.F16_MAX_BITS))
+BF16_MAX_BITS = tl.constexpr(65535.0)
+LN2 = tl.constexpr(_LN2)
 
 
 @triton.jit
@@ -42,9 +44,9 @@ def _stage_ab_f16(acc, s128, c, SATURATE: tl.constexpr, RNE_CVT: tl.constexpr):
     """fp8_row P: Stage-A on FP16's bit layout (the low 16 bits of ``f`` are the FP16 pattern of P * 2^sigma),
     Stage-B (E4M3 PV operand) and the row sum of the E4M3 values (sm90_numerics differences 5 and 7).
     ``s128``, ``c`` are the BF16-grid scale and constant (scaled by 8 here, exactly)."""
-    f = tl.maximum(acc * (s128 * 8.0) + (c * 8.0 - F16_SHIFT)[:, None], 12582912.0)
+    f = tl.maximum(acc * (s128 * 8.0) + (c * 8.0 - F16_SHIFT)[:, None], MAGIC)
     if SATURATE:  # no gate: saturate at FP16's largest finite pattern instead of wrapping
-        f = tl.minimum(f, 12582912.0 + 31743.0)
+        f = tl.minimum(f, MAGIC + F16_MAX_BITS)
     p = ((f.to(tl.int32, bitcast=True) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32)
     # E4M3 rounding in fp32 (exact, then the cast is exact): the sum is taken on these values rather than on
     # P8 cast back to fp32 (that form gave wrong, run-to-run varying results on the H200 in one of two suite runs).
@@ -63,8 +65,8 @@ def _stage_ab_ungated(acc, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl
     if not P_MX:
         return _stage_ab_f16(acc, s128, c, True, RNE_CVT)
     f = acc * s128[:, None] + c[:, None]
-    f = tl.maximum(f, 12582912.0)
-    f = tl.minimum(f, 12582912.0 + 65535.0)  # saturate the pattern at 0xFFFF instead of wrapping
+    f = tl.maximum(f, MAGIC)
+    f = tl.minimum(f, MAGIC + BF16_MAX_BITS)  # saturate the pattern at 0xFFFF instead of wrapping
     p = (f.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
     if P_MX:
         p3 = tl.reshape(p, (BM, BN // 32, 32))
@@ -122,11 +124,11 @@ def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN
         # tensor below shares one layout (no shuffles to convert); amax comes from _block_max.
         a6 = tl.reshape(acc, (BM, BN // 32, 2, 2, 4, 2))
         c6 = c[:, None, None, None, None, None]
-        fmax = tl.maximum(amax * s128 + c6, 12582912.0)  # s128: a scalar; amax (BM, BN // 32, 1, 1, 1, 1)
+        fmax = tl.maximum(amax * s128 + c6, MAGIC)  # s128: a scalar; amax (BM, BN // 32, 1, 1, 1, 1)
         e128 = tl.maximum(fmax.to(tl.int32, bitcast=True) & 0x7F80, 896)  # 128 * max(E, 7)
         # c_b = c + 128 (123 - E), exact: (2^23 + 128 E) - (2^23 + 15744) is an exact small integer.
         cb = c6 - ((e128 | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 15744.0))
-        g = tl.maximum(a6 * s128 + cb, 12582912.0)
+        g = tl.maximum(a6 * s128 + cb, MAGIC)
         x = (g.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
         if RNE_CVT:
             x = round_elem(x, 3, -6, 448.0)
@@ -243,7 +245,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         acc = _add_bias(acc, bias_ptrs, e0, HAS_BIAS)
         acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
-        c = (12582912.0 + 16249.0 + 128.0 * SIGMA) - 128.0 * m
+        c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         bmax0 = acc
         if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
@@ -264,7 +266,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     optr = OUT + b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + dcol[None, :] * sod
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:
-        lse = (tl.log2(l) - SIGMA + m) * 0.6931471805599453
+        lse = (tl.log2(l) - SIGMA + m) * LN2
         tl.store(LSE + bh64 * SQ + rows, lse, mask=row_ok)
     if ntiles > 0:
         tl.atomic_add(STATS, nrows)

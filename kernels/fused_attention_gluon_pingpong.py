@@ -35,15 +35,21 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from fsattn_diffusers import sm90_numerics
+from fsattn_diffusers.exponent import LN2 as _LN2
+
+from .common import RNE_MAGIC
+
 # Rows of the query tile per warpgroup (wgmma's M).
 WG_ROWS = gl.constexpr(64)
 # Columns of the ones operand of the tensor-core row sum (wgmma's smallest N).
 ONES_N = gl.constexpr(8)
-# 1.5 * 2^23: f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (Section 4.2).
-MAGIC = gl.constexpr(12582912.0)
+# f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
+MAGIC = RNE_MAGIC
 # 1024 * (15 - eps') with eps' = 7/128: Schraudolph's bias on FP16's 1/1024 grid (paper eps = 0.05798, Section 4.2;
 # sm90_numerics.D_BITS_F16).
-D_BITS_F16 = gl.constexpr(15304.0)
+D_BITS_F16 = gl.constexpr(float(sm90_numerics.D_BITS_F16))
+LN2 = gl.constexpr(_LN2)
 # Stage-A grid: 2^10 steps per doubling (FP16's mantissa).
 GRID_LOG2 = gl.constexpr(10)
 
@@ -257,7 +263,7 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
     optr = (OUT + b.to(gl.int64) * sob + h.to(gl.int64) * soh + orows[:, None].to(gl.int64) * sos
             + dcol[None, :] * sod)
     gl.store(optr, out.to(OUT.dtype.element_ty), mask=(orows < SQ)[:, None])
-    lse = (gl.log2(l) - SIGMA + m) * 0.6931471805599453  # stored only when asked (a runtime flag here)
+    lse = (gl.log2(l) - SIGMA + m) * LN2  # stored only when asked (a runtime flag here)
     gl.store(LSE + bh.to(gl.int64) * SQ + rows, lse, mask=row_ok & (WRITE_LSE != 0))
     nrows = gl.sum(nfired, axis=0)
     if nrows > 0:

@@ -4,18 +4,17 @@ call as the ``torch.library`` custom op ``fsattn::fused_attention`` (with a fake
 
 from __future__ import annotations
 
-import math
 import os
 from typing import NamedTuple, Optional, Tuple
 
 import torch
 
+from fsattn_diffusers.exponent import LOG2E
 from fsattn_diffusers.smoothing import lse_offset, token_mean
 
 from .plan import KernelPlan, plan_from_key
 from .prepass import INTERPRET, KEY_TILE, padded, prepare_qk, prepare_v
 
-LOG2E = 1.0 / math.log(2.0)
 # Query rows per program and key tile of the attention kernel (the paper uses M = 256, N = 128).
 BLOCK_M = 128
 BLOCK_N = KEY_TILE

@@ -19,29 +19,29 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Optional
 
+from fsattn_diffusers import sm90_numerics
+from fsattn_diffusers.formats import DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, SCALE_RULES
+
 # Element format codes shared by the Triton kernels.
 FMT_E4M3, FMT_E2M3, FMT_E2M1 = 0, 1, 2
-# Scale rule codes shared by the Triton kernels (formats.SCALE_RULES).
+_FORMAT = {FMT_E4M3: E4M3, FMT_E2M3: E2M3, FMT_E2M1: E2M1}
+_MX_FMT = {"mxfp8": FMT_E4M3, "mxfp6": FMT_E2M3, "mxfp4": FMT_E2M1}
+# Scale rule codes shared by the Triton kernels (the names: formats.SCALE_RULES).
 RULE_ROUND_UP_175, RULE_FLOOR, RULE_CEIL = 0, 1, 2
 _RULES = {"round_up_175": RULE_ROUND_UP_175, "floor": RULE_FLOOR, "ceil": RULE_CEIL}
+assert set(_RULES) == set(SCALE_RULES)
 # (mantissa bits, smallest normal exponent, largest finite value, emax) of each element format (OCP MX v1.0).
-ELEM = {
-    FMT_E4M3: (3, -6, 448.0, 8),
-    FMT_E2M3: (3, 0, 7.5, 2),
-    FMT_E2M1: (1, 0, 6.0, 2),
-}
+ELEM = {code: (f.mbits, f.emin, f.max_value, f.emax) for code, f in _FORMAT.items()}
 # Headroom t0 (doublings) an element format leaves under E4M3's 448: 7.5 * 2^5 = 240, 6 * 2^6 = 384.
-CARRY_T0 = {FMT_E4M3: 0, FMT_E2M3: 5, FMT_E2M1: 6}
-_MX_FMT = {"mxfp8": FMT_E4M3, "mxfp6": FMT_E2M3, "mxfp4": FMT_E2M1}
-_DEFAULT_RULE = {"mxfp8": "round_up_175", "mxfp6": "floor", "mxfp4": "ceil"}
+CARRY_T0 = {code: sm90_numerics.CARRY_T0[name] for name, code in _MX_FMT.items()}
 
 # sm90 Stage-B (see sm90_numerics): P carries a per-row power-of-two scale frozen with the reference m.
 # The gate keeps every P <= 2^P_HEADROOM_LOG2, so P * 2^SIGMA never passes E4M3's 448.
-P_HEADROOM_LOG2 = 4
+P_HEADROOM_LOG2 = sm90_numerics.P_HEADROOM_LOG2
 # fp8_row P: P * 2^4 <= 2^8 = 256 < 448 (E4M3 max), Section 4.2's per-row FP8 P with a frozen scale.
-P_SIGMA_FP8 = 8 - P_HEADROOM_LOG2
+P_SIGMA_FP8 = sm90_numerics.P_SIGMA["fp8_row"]
 # mxfp6 P: the E2M3 block maximum is below 8 * 2^(H-2); times 2^3 it stays under 448 (E2M3 carry t0=5).
-P_SIGMA_MXFP6 = 7 - P_HEADROOM_LOG2
+P_SIGMA_MXFP6 = sm90_numerics.P_SIGMA["mxfp6"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 
@@ -79,7 +79,7 @@ class KernelPlan:
 
 
 def _rule(explicit: Optional[str], fmt_name: str) -> int:
-    return _RULES[explicit or _DEFAULT_RULE[fmt_name]]
+    return _RULES[explicit or DEFAULT_SCALE_RULE[fmt_name]]
 
 
 def unsupported_reason(recipe, head_dim: int) -> Optional[str]:

@@ -22,11 +22,13 @@ import torch
 import triton
 import triton.language as tl
 
+from fsattn_diffusers import sm90_numerics
+
 from .common import pow2, round_bf16, round_elem, shared_exp
 from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
-KEY_TILE = 128
+KEY_TILE = sm90_numerics.TILE
 # Rows per pre-pass program.
 ROWS = 128
 # Warps per pre-pass program (Q/K kernel, V kernels).

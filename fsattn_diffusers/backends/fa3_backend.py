@@ -27,11 +27,12 @@ from typing import Optional
 
 import torch
 
+from ..formats import E4M3
 from ..recipe import PRESETS, Recipe
 from .registry import Backend, register_backend
 
 #: FP8 E4M3 largest finite value: a per-(batch, head) scale maps amax onto it.
-E4M3_MAX = 448.0
+E4M3_MAX = E4M3.max_value
 FA3_RECIPE = PRESETS["bf16"].replace(name="fa3")
 FA3_FP8_RECIPE = Recipe(name="fa3-fp8", qk_format="fp8", p_format="bf16", v_format="fp8_tensor")
 #: The recipe names this backend runs (anything else is refused with a reason).

@@ -9,7 +9,6 @@ results are kept.
 
 from __future__ import annotations
 
-import math
 import os
 import sys
 import time
