@@ -5,6 +5,10 @@
 * :func:`relative_error` — the global relative error ``||out - ref||_F / ||ref||_F`` (the paper's
   measure); :func:`error_and_cosine` gives it with the cosine.
 * :func:`cosine` — cosine similarity of the flattened tensors.
+* :func:`within_kernel_rule` — the rule a kernel meets against its own reference numerics:
+  ``err_kernel <= KERNEL_FACTOR * err_reference + KERNEL_ATOL`` (both errors against exact attention).
+* :func:`errors_agree` — two computations of the same numerics split differently (sequence shards, key halves
+  merged by LSE): ``|err_a - err_b| <= SPLIT_RELATIVE * err_b + SPLIT_FLOOR``.
 """
 
 from __future__ import annotations
@@ -13,6 +17,13 @@ from typing import Optional, Sequence, Tuple, Union
 
 import torch
 
+
+#: The kernel rule: the kernel's error may be twice its reference's, plus a floor for output rounding.
+KERNEL_FACTOR = 2.0
+KERNEL_ATOL = 1e-3
+#: Split computations: errors within 15% of each other, plus a floor for fp32 rounding of the merge.
+SPLIT_RELATIVE = 0.15
+SPLIT_FLOOR = 1e-5
 
 # Elements of one score slab (B * H * rows * S_k) per chunk: 2^25 float64 values = 256 MiB.
 _SLAB_ELEMENTS = 1 << 25
@@ -32,8 +43,8 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
     scale : float, optional
         Softmax scale; default ``D ** -0.5``.
     kv_lens : int tensor (B,) or sequence of ints, optional
-        Valid keys per batch entry; keys at positions >= kv_lens[b] are ignored. Rows with no valid
-        key give 0 and LSE = -inf.
+        Valid keys per batch entry; keys at positions >= kv_lens[b] are ignored, whatever they hold (NaN and inf
+        included). Rows with no valid key give 0 and LSE = -inf.
     layout : ``"bhsd"`` or ``"bshd"``
         Layout of the inputs and of the output.
     dtype : torch.float64 (default) or torch.float32
@@ -61,6 +72,8 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
         mask = torch.arange(s_k, device=q.device)[None, :] < lens[:, None]  # (B, S_k)
         mask = mask[:, None, None, :]
     kd, vd = k.to(dtype), v.to(dtype)
+    if mask is not None:  # a padded key is never read: garbage there (NaN, inf) must not reach 0 * NaN in P V
+        vd = torch.where(mask[:, :, 0, :, None], vd, torch.zeros_like(vd))
     rows = max(1, slab_elements // max(1, b * h * s_k))
     outs, lses = [], []
     for r0 in range(0, s_q, rows):
@@ -103,3 +116,13 @@ def nonfinite_where_finite(out: torch.Tensor, ref: torch.Tensor) -> int:
     """Number of elements of ``out`` that are NaN or inf where ``ref`` is finite."""
     o = out.to(ref.device)
     return int((~torch.isfinite(o) & torch.isfinite(ref)).sum().item())
+
+
+def within_kernel_rule(err_kernel: float, err_reference: float) -> bool:
+    """``err_kernel <= KERNEL_FACTOR * err_reference + KERNEL_ATOL``."""
+    return err_kernel <= KERNEL_FACTOR * err_reference + KERNEL_ATOL
+
+
+def errors_agree(err_a: float, err_b: float) -> bool:
+    """``|err_a - err_b| <= SPLIT_RELATIVE * err_b + SPLIT_FLOOR``."""
+    return abs(err_a - err_b) <= SPLIT_RELATIVE * err_b + SPLIT_FLOOR

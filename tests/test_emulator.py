@@ -9,6 +9,7 @@ import fsattn_diffusers as fa
 from fsattn_diffusers import emulator
 from fsattn_diffusers.testing import error_and_cosine
 from fsattn_diffusers.measure.accuracy_tables import table4
+from fsattn_diffusers import testing
 from fsattn_diffusers.recipe import PRESETS
 
 RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
@@ -16,13 +17,7 @@ RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
 
 def exact_attention(q, k, v, scale=None, kv_lens=None):
     """float64 softmax attention on BSHD inputs, optional per-batch key lengths."""
-    q, k, v = (t.double().transpose(1, 2) for t in (q, k, v))
-    mask = None
-    if kv_lens is not None:
-        pos = torch.arange(k.shape[2])
-        mask = (pos[None, :] < torch.as_tensor(kv_lens)[:, None])[:, None, None, :]
-    out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-    return out.transpose(1, 2)
+    return testing.exact_attention(q, k, v, scale, kv_lens, layout="bshd")[0]
 
 
 def rand(*shape, seed=0, dtype=torch.float32):

@@ -1,5 +1,5 @@
 """Kernel fuzz on a CUDA GPU (sm_90+): seeded random cases, every kernel recipe and variant, against the sm90
-reference on the same GPU (harness, checks and tolerance rule: fsattn_diffusers.kernel_fuzz).
+reference on the same GPU (harness, checks and tolerance rule: fsattn_diffusers.measure.kernel_fuzz).
 
 Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0), work cap
 ``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK). One line per case and the worst case per recipe

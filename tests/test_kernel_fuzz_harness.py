@@ -1,4 +1,4 @@
-"""The kernel fuzz harness (fsattn_diffusers.kernel_fuzz) on the CPU: its cases, and that its checks catch
+"""The kernel fuzz harness (fsattn_diffusers.measure.kernel_fuzz) on the CPU: its cases, and that its checks catch
 what they are for (the sm90 reference stands in for the kernel; broken stand-ins must fail)."""
 
 

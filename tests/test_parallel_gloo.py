@@ -2,7 +2,7 @@
 
 One spawn runs, for every recipe, diffusers' ring and Ulysses templates with fsattn's forward op and
 torch's ``_templated_ring_attention`` (the ring of xDiT's USP) with the xDiT kernel contract; see
-:mod:`fsattn_diffusers.parallel.check`. Tolerance rule, errors measured against exact float64
+:mod:`fsattn_diffusers.measure.parallel_check`. Tolerance rule, errors measured against exact float64
 attention: ``|err_sharded - err_single| <= 0.15 * err_single + 1e-5`` (the floor covers fp32 rounding of
 the merge for the ``exact`` recipe). Sharding changes numerics legitimately: each K/V shard has its own
 frozen maximum and per-tensor FP8 V scale (ring), and under Ulysses the per-tensor V scale covers the

@@ -1,6 +1,6 @@
-"""The 2-GPU scaling script (issue 8) end to end on the CPU: 2 gloo processes, the tiny Wan config.
+"""The 2-GPU scaling run (measure.cp_scaling) end to end on the CPU: 2 gloo processes, the tiny Wan config.
 
-Runs ``python -m fsattn_diffusers.parallel.scaling --tiny --device cpu --world 2`` in-process and checks the
+Runs ``python -m fsattn_diffusers.measure.cp_scaling --tiny --device cpu --world 2`` in-process and checks the
 report: every (setting, policy) measured, finite numbers, hybrid projected per setting, and the N-GPU output
 of one transformer call matching the 1-GPU output for bf16 (stock attention through diffusers' templates; the
 cuDNN forward op is replaced by torch's CPU flash SDPA on the CPU) and mxfp8.

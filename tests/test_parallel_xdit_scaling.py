@@ -1,6 +1,6 @@
-"""Issue 8's xDiT run end to end on the CPU: 2 gloo processes, the tiny Wan config, real xfuser 0.7.
+"""The xDiT scaling run (measure.xdit_scaling) end to end on the CPU: 2 gloo processes, the tiny Wan config, real xfuser 0.7.
 
-Runs ``python -m fsattn_diffusers.parallel.xdit_scaling --tiny --device cpu --world 2`` in-process: xDiT's own
+Runs ``python -m fsattn_diffusers.measure.xdit_scaling --tiny --device cpu --world 2`` in-process: xDiT's own
 ``xFuserWanTransformer3DWrapper``, its distributed init and groups (``initialize_model_parallel`` with
 data-parallel 2, then Ulysses 2, then ring 2, yunchang's groups), its ``USP`` (all-to-all / torch's templated
 ring attention) and runtime state, with fsattn installed in the ``SDPA_FLASH`` slot by

@@ -1,7 +1,6 @@
 """Token-mean smoothing and the signed rotation (Recipe.smooth_k, smooth_q, hadamard_signs): exact in real
 arithmetic, so the exact recipe is unchanged and the LSE stays the log-sum-exp of the unsmoothed scores."""
 
-import math
 
 import pytest
 import torch
@@ -11,6 +10,7 @@ from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.hadamard import hadamard_matrix, rotation_signs
 from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, ROBUST
 from fsattn_diffusers.smoothing import token_mean
+from fsattn_diffusers.testing import exact_attention
 
 
 def _inputs(b=2, h=2, s_q=200, s_k=300, d=64, seed=0, offset=3.0, q_offset=None):
@@ -21,11 +21,7 @@ def _inputs(b=2, h=2, s_q=200, s_k=300, d=64, seed=0, offset=3.0, q_offset=None)
 
 
 def _exact(q, k, v, scale, kv_lens=None):
-    s = torch.einsum("bhqd,bhkd->bhqk", q.double(), k.double()) * scale
-    if kv_lens is not None:
-        pos = torch.arange(k.shape[2])
-        s = s.masked_fill(~(pos[None, :] < kv_lens[:, None])[:, None, None, :], float("-inf"))
-    return torch.softmax(s, -1) @ v.double(), torch.logsumexp(s, -1)
+    return exact_attention(q, k, v, scale, kv_lens)
 
 
 @pytest.mark.parametrize("fields", [dict(smooth_k=True), dict(smooth_q=True), dict(smooth_k=True, smooth_q=True),

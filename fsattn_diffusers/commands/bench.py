@@ -1,35 +1,14 @@
-"""``fsattn bench``: time our recipes against torch SDPA (cuDNN, flash) and SageAttention in one process.
-
-For each shape: median time of ``triton.testing.do_bench``, TFLOP/s = 4 B H S_q S_k D / t, speedup over
-SDPA-cuDNN (bf16), and the relative error and cosine against exact attention (float64 softmax) on
-sampled query rows. Our rows include the pre-pass (Hadamard + MX quantization); the pre-pass and the
-attention kernel alone are also timed separately.
-"""
+"""``fsattn bench``: the command line of :mod:`fsattn_diffusers.measure.kernel_bench` (what is timed and how)."""
 
 from __future__ import annotations
 
-import datetime
 import json
-import math
 import os
-import platform
-import sys
-from typing import Dict, List
+
+from ..measure.kernel_bench import RECIPES, SHAPES, bench_shape, environment, markdown
 
 NAME = "bench"
 HELP = "time the Triton kernel against torch SDPA (cuDNN, flash) and SageAttention on a CUDA GPU"
-
-#: Named shapes (B, H, S, D): paper Table 5; Wan2.1-1.3B 480p; Wan2.2-A14B 720p; HunyuanVideo 720p 129f.
-SHAPES = {
-    "paper": (1, 24, 32768, 128),
-    "wan21": (1, 12, 32760, 128),
-    "wan22": (1, 40, 75600, 128),
-    "hunyuan": (1, 24, 119040, 128),
-}
-RECIPES = ("mxfp8", "mxfp6", "mxfp4")
-# Query rows sampled per (batch, head) for the accuracy columns.
-SAMPLE_ROWS = 256
-
 
 def add_arguments(parser) -> None:
     parser.add_argument("--shapes", default="paper", help=f"comma list of {', '.join(SHAPES)} (default: paper)")
@@ -65,164 +44,6 @@ def parse_shape(text: str):
     if min(b, h, s_q, s_k, d) < 1:
         raise UsageError(f"bad --shape {text!r}: sizes must be >= 1")
     return b, h, s_q, s_k, d
-
-
-def exact_rows(q, k, v, rows, scale):
-    """Exact attention (float64 softmax on the bf16 inputs) for query rows ``rows``; (B, H, len(rows), D)."""
-    import torch
-
-    outs = []
-    for bi in range(q.shape[0]):
-        for hi in range(q.shape[1]):
-            s = (q[bi, hi, rows].double() @ k[bi, hi].double().T) * scale
-            outs.append(torch.softmax(s, dim=-1) @ v[bi, hi].double())
-    return torch.stack(outs).reshape(q.shape[0], q.shape[1], len(rows), q.shape[-1])
-
-
-def accuracy(out, ref):
-    """(relative Frobenius error, cosine similarity) of ``out`` against ``ref``."""
-    import torch
-
-    a, r = out.double().flatten(), ref.double().flatten()
-    return float((a - r).norm() / r.norm()), float(torch.nn.functional.cosine_similarity(a, r, dim=0))
-
-
-def timed(fn, warmup, rep) -> float:
-    from triton.testing import do_bench
-
-    return float(do_bench(fn, warmup=warmup, rep=rep, return_mode="median"))
-
-
-def sdpa_fn(q, k, v, backend_name: str):
-    import torch
-    from torch.nn.attention import SDPBackend, sdpa_kernel
-
-    backend = {"cudnn": SDPBackend.CUDNN_ATTENTION, "flash": SDPBackend.FLASH_ATTENTION}[backend_name]
-
-    def run():
-        with sdpa_kernel([backend]):
-            return torch.nn.functional.scaled_dot_product_attention(q, k, v)
-    return run
-
-
-def sage_fn(q, k, v):
-    """SageAttention's default entry on BHSD (``tensor_layout='HND'``), or None when not installed."""
-    try:
-        from sageattention import sageattn
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-    return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
-
-
-def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100.0, rep=500.0, seed=0,
-                log=print) -> List[Dict]:
-    """Rows of results (dicts) for one shape; random normal bf16 inputs, SDPA's default scale."""
-    import torch
-
-    from .. import attention
-    from ..kernels.ops import attention_from_operands, prepass
-    from ..kernels.plan import plan_for
-    from ..recipe import get_recipe
-
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn((b, h, s, d), generator=gen, device="cuda", dtype=torch.bfloat16)
-               for s in (s_q, s_k, s_k))
-    scale = 1.0 / math.sqrt(d)
-    flops = 4.0 * b * h * s_q * s_k * d
-    rows = torch.randperm(s_q, generator=torch.Generator().manual_seed(seed))[:min(SAMPLE_ROWS, s_q)].sort().values
-    ref = exact_rows(q, k, v, rows.cuda(), scale)
-    results = []
-
-    def record(name, fn, extra=None):
-        torch.cuda.synchronize()
-        out = fn()
-        out = out[0] if isinstance(out, tuple) else out
-        err, cos = accuracy(out[:, :, rows.cuda()], ref)
-        ms = timed(fn, warmup, rep)
-        row = {"shape": [b, h, s_q, s_k, d], "method": name, "ms": ms, "tflops": flops / ms * 1e-9,
-               "rel_err": err, "cos": cos}
-        row.update(extra or {})
-        results.append(row)
-        log(f"  {name:<14} {ms:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {err:.4f} cos {cos:.5f}")
-        del out
-        return row
-
-    for name in baselines:
-        fn = sage_fn(q, k, v) if name == "sage" else sdpa_fn(q, k, v, name)
-        if fn is None:
-            log(f"  {name:<14} not installed, skipped")
-            continue
-        try:
-            record({"cudnn": "sdpa-cudnn", "flash": "sdpa-flash", "sage": "sageattention"}[name], fn)
-        except Exception as exc:  # noqa: BLE001 - report and continue with the rest
-            log(f"  {name:<14} failed: {type(exc).__name__}: {exc}")
-    qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
-    for rname in recipes:
-        recipe = get_recipe(rname)
-        plan = plan_for(recipe)
-        lay_args = dict(layout="bhsd", backend="triton")
-
-        def full(recipe=recipe):
-            return attention(qq, kk, vv, recipe, **lay_args)
-        ops = prepass(qq, kk, vv, plan, scale, None)
-        out = torch.empty_like(q)
-        pre_ms = timed(lambda: prepass(qq, kk, vv, plan, scale, None), warmup, rep)
-        ker_ms = timed(lambda: attention_from_operands(ops, out, plan, s_q, s_k, None, None, None), warmup, rep)
-        del ops, out
-        # Peak extra memory of one call (output included), measured outside do_bench (its L2-flush
-        # buffer and the previous call's output would count otherwise).
-        torch.cuda.synchronize()
-        base = torch.cuda.memory_allocated()
-        torch.cuda.reset_peak_memory_stats()
-        one = full()
-        torch.cuda.synchronize()
-        peak_extra = int(torch.cuda.max_memory_allocated() - base)
-        del one
-        record(rname, full, {"prepass_ms": pre_ms, "kernel_ms": ker_ms,
-                             "kernel_tflops": flops / ker_ms * 1e-9})
-        results[-1]["peak_extra_bytes"] = peak_extra
-        results[-1]["qkv_bf16_bytes"] = int(2 * b * h * (s_q + 2 * s_k) * d)
-        log(f"  {'':<14} pre-pass {pre_ms:.3f} ms, kernel {ker_ms:.3f} ms ({flops / ker_ms * 1e-9:.1f} TFLOP/s), "
-            f"peak extra {peak_extra / 2**20:.0f} MiB (Q+K+V bf16 {results[-1]['qkv_bf16_bytes'] / 2**20:.0f} MiB)")
-    cudnn = next((r["ms"] for r in results if r["method"] == "sdpa-cudnn"), None)
-    for r in results:
-        r["speedup_vs_cudnn"] = (cudnn / r["ms"]) if cudnn else None
-    return results
-
-
-def environment() -> Dict:
-    import torch
-
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "command": " ".join(["fsattn"] + sys.argv[1:]) if sys.argv else "fsattn bench"}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
-    if torch.cuda.is_available():
-        env["device"] = torch.cuda.get_device_name()
-        env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
-        env["cudnn"] = torch.backends.cudnn.version()
-    return env
-
-
-def markdown(env: Dict, results: List[Dict]) -> str:
-    lines = [f"# fsattn bench — {env.get('device', '?')}", "",
-             f"- date: {env['date']}", f"- command: `{env['command']}`",
-             f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
-             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
-             f"accuracy on {SAMPLE_ROWS} sampled query rows per head against float64 softmax", "",
-             "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for r in results:
-        sp = f"{r['speedup_vs_cudnn']:.3f}x" if r.get("speedup_vs_cudnn") else "-"
-        lines.append(f"| {','.join(map(str, r['shape']))} | {r['method']} | {r['ms']:.3f} | {r['tflops']:.0f} | {sp} "
-                     f"| {r['rel_err']:.4f} | {r['cos']:.5f} | {r.get('prepass_ms', float('nan')):.3f} "
-                     f"| {r.get('kernel_ms', float('nan')):.3f} |".replace("nan", "-"))
-    return "\n".join(lines) + "\n"
 
 
 def run(args) -> int:

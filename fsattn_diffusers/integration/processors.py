@@ -165,7 +165,7 @@ class WanFSAttnProcessor(_FSAttnProcessorBase):
     Cross-attention calls (with ``encoder_hidden_states``), masked calls and the image-to-video
     branch run the stock ``WanAttnProcessor`` unchanged and are not recorded. Under diffusers'
     context parallelism (``_parallel_config``) self-attention runs through diffusers' ring / Ulysses
-    templates with fsattn as the local kernel (:mod:`fsattn_diffusers.parallel.context_parallel`).
+    templates with fsattn as the local kernel (:mod:`fsattn_diffusers.integration.context_parallel`).
     """
 
     _supports_context_parallel = True

@@ -1,33 +1,33 @@
 """Wan2.2-A14B-size transformer on N GPUs under diffusers context parallelism: latency, scaling, output match.
 
-One run (``--world`` processes, NCCL on CUDA, gloo on CPU) of issue 8's diffusers half:
+One run (``--world`` processes, NCCL on CUDA, gloo on CPU):
 
-1. every rank builds the same seeded transformer (:func:`fsattn_diffusers.e2e.build_transformer`, random
+1. every rank builds the same seeded transformer (:func:`fsattn_diffusers.measure.e2e.build_transformer`, random
    N(0, 0.02) weights) and the same inputs on its own device; a per-parameter float64 checksum is
    all-gathered and the run stops at once if any rank differs;
 2. **1 GPU** (no context parallelism): the policies are split over the ranks (rank r times policies
    r, r + world, ...; each on its own GPU, no communication), each one untimed forward at a fixed
    timestep — whose output is the 1-GPU reference — then ``--steps`` timed CFG steps;
 3. **N GPUs**: for each mode (``ulysses``, ``ring``; degree = world) and policy, the model is wired as
-   ``enable_parallelism`` wires it (:func:`~fsattn_diffusers.parallel.check._wire_context_parallel`),
+   ``enable_parallelism`` wires it (:func:`~fsattn_diffusers.measure.parallel_check._wire_context_parallel`),
    the same one forward (output gathered by Wan's ``_cp_plan``) and timed steps run, then the wiring is
    removed again (one model copy per GPU throughout).
 
 ``bf16`` is stock diffusers attention on cuDNN SDPA (1 GPU: torch SDPA's cuDNN backend, as
-:func:`fsattn_diffusers.e2e.run_policy`; N GPUs: diffusers' ``_native_cudnn`` backend, which gives the ring
+:func:`fsattn_diffusers.measure.e2e.run_policy`; N GPUs: diffusers' ``_native_cudnn`` backend, which gives the ring
 its LSE). The quantized policies run :class:`~fsattn_diffusers.integration.WanFSAttnProcessor` on the
 self-attention. ``hybrid`` (MXFP6 on the first and last 3 of 20 steps, MXFP4 between) is not timed as
-such: mxfp6 and mxfp4 are, and hybrid is the 20-step projection of :func:`fsattn_diffusers.e2e.summarize`.
+such: mxfp6 and mxfp4 are, and hybrid is the 20-step projection of :func:`fsattn_diffusers.measure.e2e.summarize`.
 
 Output match of one transformer call, N GPUs against 1 GPU (relative L2 error and cosine over the whole
 output). Rule (:func:`match`): ``bf16``: rel. error vs the 1-GPU bf16 output <= 1e-2; quantized policy P:
 ``err(P on N GPUs vs bf16 on 1 GPU) <= 1.15 * err(P on 1 GPU vs bf16 on 1 GPU) + max(1e-3, e_cp)``, where
-1.15 is the sharded-check tolerance (:data:`~fsattn_diffusers.parallel.check.RELATIVE_TOLERANCE`) and
+1.15 is the sharded-check tolerance (:data:`~fsattn_diffusers.measure.parallel_check.RELATIVE_TOLERANCE`) and
 ``e_cp`` is the measured error of stock bf16 attention on N GPUs in the same mode (the sharding's own
 BF16 rounding, which the quantized path inherits).
 
 Rank 0 writes ``--json`` and ``--md`` after every measurement, so a run cut short keeps what it measured.
-Run: ``python -m fsattn_diffusers.parallel.scaling --device cuda --world 2 --json out.json --md out.md``;
+Run: ``python -m fsattn_diffusers.measure.cp_scaling --device cuda --world 2 --json out.json --md out.md``;
 ``--tiny --device cpu`` for a CPU smoke run.
 """
 
@@ -36,11 +36,8 @@ from __future__ import annotations
 import argparse
 import contextlib
 import datetime
-import json
 import os
-import platform
 import shlex
-import subprocess
 import sys
 import tempfile
 import time
@@ -49,6 +46,8 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from . import e2e
+from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder,  # noqa: F401 (xdit_scaling, tests)
+                                _fmt, _log, _versions, summarize, table_lines, to_markdown)
 from .parallel_check import GLOO_LOOPBACK_ENV, RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
 
 #: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
@@ -56,12 +55,6 @@ NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "N
 MODES = ("ulysses", "ring")
 POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
 DEFAULT_POLICIES = "bf16,mxfp8,hybrid"
-#: Timestep of the one transformer call whose output is compared.
-MATCH_TIMESTEP = 500.0
-#: bf16 (stock attention) N GPUs vs 1 GPU: relative L2 error bound.
-BF16_TOLERANCE = 1e-2
-#: Absolute floor of the quantized rule (together with the measured stock-attention sharding error).
-ABSOLUTE_FLOOR = 1e-3
 #: Tiny Wan config for CPU runs (as tests/test_e2e.py): 1 layer, 2 heads of 64.
 TINY = dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=64, num_layers=1, text_dim=32)
 TINY_SHAPE = dict(frames=5, height=128, width=128)  # latent 16 x 2 x 16 x 16 -> 128 tokens
@@ -239,138 +232,6 @@ def match(policy: str, out: torch.Tensor, single: Dict[str, torch.Tensor], e_cp_
 
 # ---------------------------------------------------------------------------------------------- reporting
 
-def summarize(runs: List[dict], world: int) -> Dict[str, Dict[str, dict]]:
-    """Per setting (``1gpu``, then each mode): e2e's table (step, 20-step projection, speedup over bf16 of the
-    same setting, hybrid projection) plus ``scaling`` (1-GPU step / N-GPU step) and the match row."""
-    by: Dict[str, Dict[str, dict]] = {}
-    for r in runs:
-        by.setdefault(r["setting"], {})[r["policy"]] = r
-    out = {}
-    for setting, res in by.items():
-        if "bf16" in res:
-            table = e2e.summarize(res)
-        else:  # partial run: no baseline yet
-            table = {p: {"step_s": r["step_median_s"], "projected_s": r["step_median_s"] * e2e.PAPER_STEPS,
-                         "speedup": None, "attention_share": r["attention_share"],
-                         "rollback_rate": r["rollback_rate"]} for p, r in res.items()}
-        for p, row in table.items():
-            row["gpus"] = 1 if setting == "1gpu" else world
-            if p in res and res[p].get("match") is not None:
-                row["match"] = res[p]["match"]
-        out[setting] = table
-    single = out.get("1gpu", {})
-    for setting, table in out.items():
-        for p, row in table.items():
-            row["scaling"] = (single[p]["step_s"] / row["step_s"]) if (setting != "1gpu" and p in single) else None
-    return out
-
-
-def _fmt(x, spec=".2f", suffix=""):
-    return "-" if x is None else f"{x:{spec}}{suffix}"
-
-
-def to_markdown(doc: dict) -> str:
-    m = doc["meta"]
-    w = m["world"]
-    lines = [f"# Wan2.2-A14B-size transformer on {w} GPUs: diffusers context parallelism (Ulysses / ring), "
-             f"fsattn policies", "",
-             f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
-             f"diffusers {m['diffusers']}, python {m['python']}; {m['date']}; commit {m['commit']}.",
-             f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
-             f"- Model: {m['spec']['name']} config, {m['spec']['config']['num_layers']} layers, "
-             f"{m['spec']['config']['num_attention_heads']} heads x {m['spec']['config']['attention_head_dim']}, "
-             f"BF16, random N(0, 0.02) weights (same seed on every rank, checksum verified: "
-             f"{m.get('weights_identical')}); latent {tuple(m['spec']['latent'])} -> {m['spec']['tokens']} "
-             f"self-attention tokens, {m['spec']['text_tokens']} text tokens; a step = "
-             f"{m['spec']['calls_per_step']} forwards (CFG).",
-             f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
-             f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median. 1-GPU runs: policies split "
-             f"over the ranks, each on its own GPU without communication.",
-             "- bf16 = stock diffusers attention on cuDNN SDPA (N GPUs: `_native_cudnn` backend); others = "
-             f"`WanFSAttnProcessor` (backend `{m['backend']}`) on self-attention; cross-attention stays bf16.",
-             "- Attention share: 1 GPU as `fsattn e2e` (CUDA events around each attention kernel call); N GPUs: "
-             "around diffusers' ring / Ulysses template, i.e. self-attention including its communication.",
-             "- hybrid = projection, not a timed policy: "
-             f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
-             "step times of the same setting.",
-             f"- Match (one transformer call, N GPUs vs 1 GPU, relative L2 / cosine over the whole output): bf16 "
-             f"passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs bf16 "
-             f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
-             "err(bf16, N GPUs vs 1 GPU) of the same mode).",
-             f"- Status: {doc['status']}.", ""]
-    return "\n".join(lines + table_lines(doc))
-
-
-def table_lines(doc: dict) -> List[str]:
-    """The results table of :func:`to_markdown` (one row per setting and policy), ending in an empty line."""
-    lines = ["| GPUs | mode | policy | step (s) | 20 steps (s) | speedup vs bf16 (same setting) | scaling 1->N GPU "
-             "| attention share | rel. err vs 1 GPU | cosine vs 1 GPU | err vs 1-GPU bf16 (1 GPU -> N GPU) | match |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
-    for setting, table in doc["summary"].items():
-        for p, row in table.items():
-            mt = row.get("match") or {}
-            errs = "-" if mt.get("e_sharded") is None else \
-                f"{_fmt(mt.get('e_single'), '.3e')} -> {mt['e_sharded']:.3e}"
-            ok = {True: "yes", False: "**NO**", None: "-"}[mt.get("ok")]
-            name = f"{p} (projected)" if p == "hybrid" else p
-            share = None if row["attention_share"] is None else 100 * row["attention_share"]
-            lines.append(f"| {row['gpus']} | {'-' if setting == '1gpu' else setting} | {name} | "
-                         f"{_fmt(row['step_s'])} | {_fmt(row['projected_s'], '.1f')} | "
-                         f"{_fmt(row['speedup'], '.2f', 'x')} | {_fmt(row['scaling'], '.2f', 'x')} | "
-                         f"{_fmt(share, '.0f', '%')} | {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')} | "
-                         f"{_fmt(mt.get('cos_vs_1gpu'), '.6f')} | {errs} | {ok} |")
-    lines.append("")
-    return lines
-
-
-class Recorder:
-    """Rank 0's document; rewritten (JSON and markdown) after every measurement."""
-
-    def __init__(self, meta: dict, json_path: Optional[str], md_path: Optional[str], render=None):
-        self.doc = {"meta": meta, "status": "running", "runs": [], "summary": {}}
-        self.json_path, self.md_path = json_path, md_path
-        self.render = render or to_markdown  # doc -> markdown text
-
-    def add(self, run: dict) -> None:
-        self.doc["runs"].append(run)
-        self.write()
-
-    def write(self, status: Optional[str] = None) -> None:
-        if status:
-            self.doc["status"] = status
-        self.doc["summary"] = summarize(self.doc["runs"], self.doc["meta"]["world"])
-        if self.json_path:
-            with open(self.json_path + ".tmp", "w") as fh:
-                json.dump(self.doc, fh, indent=1)
-            os.replace(self.json_path + ".tmp", self.json_path)
-        if self.md_path:
-            with open(self.md_path, "w") as fh:
-                fh.write(self.render(self.doc))
-
-
-def _versions() -> dict:
-    import diffusers
-
-    try:
-        import triton
-        tv = triton.__version__
-    except Exception:  # noqa: BLE001 - CPU-only installs
-        tv = "none"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or "?"
-    except Exception:  # noqa: BLE001
-        commit = "?"
-    return {"torch": torch.__version__, "triton": tv, "diffusers": diffusers.__version__,
-            "python": platform.python_version(), "commit": commit}
-
-
-# ------------------------------------------------------------------------------------------------ workers
-
-def _log(rank: int, msg: str) -> None:
-    print(f"[rank {rank} {time.strftime('%H:%M:%S')}] {msg}", flush=True)
-
-
 def fingerprint(model, inputs) -> torch.Tensor:
     """float64 sum of every parameter, then of the latents and text: identical builds give equal vectors."""
     with torch.no_grad():
@@ -509,7 +370,7 @@ def run(opts: dict, body=None) -> None:
         mp.spawn(_worker, args=(opts["world"], tmp, opts, body), nprocs=opts["world"], join=True)
 
 
-def main(argv=None, *, module: str = "fsattn_diffusers.parallel.scaling", body=None,
+def main(argv=None, *, module: str = "fsattn_diffusers.measure.cp_scaling", body=None,
          description: Optional[str] = None, extra_meta: Optional[dict] = None) -> int:
     """Parse ``argv`` and run. ``module``, ``body``, ``description`` and ``extra_meta`` let a sibling run
     (:mod:`.xdit_scaling`) reuse the command line, the checks and the report with its own worker body."""

@@ -4,7 +4,7 @@ Latency does not depend on weight values, so the published Wan2.2-T2V-A14B and H
 configurations are built directly on the GPU in BF16 with N(0, 0.02) weights and timed for whole
 denoising steps: stock attention (torch SDPA, cuDNN backend) and the FlashAttention-3 baselines against
 each fsattn policy through our processors, optionally with FP8 linear layers and compiled blocks
-(:mod:`fsattn_diffusers.e2e_config`). Text encoder and VAE decode are excluded (their cost does not change
+(:mod:`fsattn_diffusers.measure.e2e_config`). Text encoder and VAE decode are excluded (their cost does not change
 with the policy).
 """
 
@@ -205,7 +205,7 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
     then (``instrument``) one instrumented step for the attention time (CUDA events around every
     self-attention call), its share of that step, and the rollback statistics (fsattn recipes only).
     ``instrument=False`` leaves those None. ``compiled``: the model's repeated blocks are compiled
-    (:func:`fsattn_diffusers.e2e_config.compile_blocks`); they are compiled again with ``fullgraph=True`` for
+    (:func:`fsattn_diffusers.measure.e2e_config.compile_blocks`); they are compiled again with ``fullgraph=True`` for
     this policy, the warm-up compiles them (falling back to ``fullgraph=False`` on a graph break, reported as
     ``"compile"``), and the instrumented step is skipped (its timer would recompile the blocks)."""
     from torch.nn.attention import SDPBackend, sdpa_kernel

@@ -25,7 +25,7 @@ def _fmt(x: Optional[float], spec: str, none: str = "-") -> str:
 
 
 def table_rows(summary: Dict[str, dict], steps_total: int = PAPER_STEPS) -> List[List[str]]:
-    """Header + one row per policy of ``summary`` (:func:`fsattn_diffusers.e2e.summarize`)."""
+    """Header + one row per policy of ``summary`` (:func:`fsattn_diffusers.measure.e2e.summarize`)."""
     present = [b for b in BASELINES if any(b in r.get("speedup_vs", {}) for r in summary.values())]
     header = ["policy", "step (s)", f"{steps_total} steps (s)"] + [f"vs {BASELINE_LABELS[b]}" for b in present] + \
         ["attention share", "rollback rate"]

@@ -14,7 +14,7 @@ The gathered outputs are compared with one process's call over the whole sequenc
 against exact float64 attention (:func:`compare`). A tiny Wan transformer with fsattn's processors also
 runs whole under ring and Ulysses, wired as ``enable_parallelism`` wires it (that method itself needs an
 accelerator: it takes the device as ``rank % torch.accelerator.device_count()``), and is compared with
-one process (:func:`compare_wan`). Run: ``python -m fsattn_diffusers.parallel.check``.
+one process (:func:`compare_wan`). Run: ``python -m fsattn_diffusers.measure.parallel_check``.
 """
 
 from __future__ import annotations
@@ -27,14 +27,13 @@ from typing import Dict, List, Sequence
 
 import torch
 
-from ..testing import error_and_cosine
+from ..testing import SPLIT_FLOOR, SPLIT_RELATIVE, error_and_cosine, errors_agree, exact_attention
 from ..api import attention
 
 MODES = ("ring", "ulysses", "xdit_ring")
-#: Sharded error may differ from the one-process error by this fraction of it ...
-RELATIVE_TOLERANCE = 0.15
-#: ... plus this absolute floor (fp32 rounding of the merge, visible only for the ``exact`` recipe).
-ABSOLUTE_FLOOR = 1e-5
+#: Sharded error may differ from the one-process error by this fraction of it, plus an absolute floor (fp32
+#: rounding of the merge, visible only for the ``exact`` recipe): the shared split rule of :mod:`..testing`.
+RELATIVE_TOLERANCE, ABSOLUTE_FLOOR = SPLIT_RELATIVE, SPLIT_FLOOR
 #: (B, S, H, D): tiny, two 128-key tiles per shard with two shards, heads divisible by the shards.
 DEFAULT_SHAPE = (1, 512, 4, 64)
 SEED = 7
@@ -180,14 +179,13 @@ def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, 
 
 
 def exact_reference(q, k, v) -> torch.Tensor:
-    """float64 softmax attention on (B, S, H, D)."""
-    qd, kd, vd = (t.double().transpose(1, 2) for t in (q, k, v))
-    return torch.nn.functional.scaled_dot_product_attention(qd, kd, vd).transpose(1, 2)
+    """float64 softmax attention on (B, S, H, D) (:func:`fsattn_diffusers.testing.exact_attention`)."""
+    return exact_attention(q, k, v, layout="bshd")[0]
 
 
 def within_tolerance(e_sharded: float, e_single: float) -> bool:
-    """``|e_sharded - e_single| <= RELATIVE_TOLERANCE * e_single + ABSOLUTE_FLOOR``."""
-    return abs(e_sharded - e_single) <= RELATIVE_TOLERANCE * e_single + ABSOLUTE_FLOOR
+    """``|e_sharded - e_single| <= RELATIVE_TOLERANCE * e_single + ABSOLUTE_FLOOR`` (:func:`~..testing.errors_agree`)."""
+    return errors_agree(e_sharded, e_single)
 
 
 def compare(recipe: str, sharded: Dict[str, torch.Tensor], q, k, v, backend: str = "auto") -> List[Dict]:

@@ -1,7 +1,7 @@
 """``fsattn sensitivity --attention-only``: per-call diagnostics of each intervention in one transformer forward.
 
-The Wan2.2-T2V-A14B transformer (one expert, :data:`fsattn_diffusers.e2e.WAN22_A14B`) is built with
-random N(0, 0.02) weights by :func:`fsattn_diffusers.e2e.build_transformer` (``tiny``: a 2-layer,
+The Wan2.2-T2V-A14B transformer (one expert, :data:`fsattn_diffusers.measure.e2e.WAN22_A14B`) is built with
+random N(0, 0.02) weights by :func:`fsattn_diffusers.measure.e2e.build_transformer` (``tiny``: a 2-layer,
 2-head model of the same architecture for CPU checks) and run once at timestep ``t`` on random
 latents of the given frames x height x width. Every self-attention call runs stock attention (torch
 SDPA in the model's dtype) so the forward is the unmodified model; on the side, sampled query rows of

@@ -1,4 +1,4 @@
-"""Text and markdown reports of the structured-input suite (:mod:`fsattn_diffusers.structured_suite`)."""
+"""Text and markdown reports of the structured-input suite (:mod:`fsattn_diffusers.measure.structured_suite`)."""
 
 from __future__ import annotations
 

@@ -1,6 +1,6 @@
 """The structured-input accuracy suite: every input family against exact attention.
 
-For each case — an input family of :mod:`fsattn_diffusers.structured_inputs` at one dtype and head
+For each case — an input family of :mod:`fsattn_diffusers.measure.structured_inputs` at one dtype and head
 dim — the suite computes exact attention (float64, :func:`fsattn_diffusers.testing.exact_attention`)
 and, against it, the global relative error and the cosine of
 
@@ -161,7 +161,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     ----------
     shape : (B, H, S); S_q = S_k = S.
     head_dims, dtypes : the D values and input dtypes (``"float16"``, ``"bfloat16"``) of the cases.
-    families : family names (default: all of :data:`~fsattn_diffusers.structured_inputs.FAMILIES`);
+    families : family names (default: all of :data:`~fsattn_diffusers.measure.structured_inputs.FAMILIES`);
         ``gaussian`` is always included (the bar checks compare against it).
     recipes : preset names or Recipes (default :func:`default_recipes`).
     seeds : input seeds 0 .. seeds-1.

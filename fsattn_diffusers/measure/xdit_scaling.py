@@ -1,10 +1,10 @@
 """Wan2.2-A14B-size transformer on N GPUs under xDiT (``xfuser`` 0.7): latency, scaling, output match.
 
-The xDiT half of issue 8: the measurements, the match rule and the report of :mod:`.scaling` (whose
+The measurements, the match rule and the report of :mod:`.cp_scaling` (whose
 helpers run here too), with xDiT doing the sequence parallelism and fsattn as xDiT's attention kernel.
 
 * Model: xDiT's own Wan transformer, ``xFuserWanTransformer3DWrapper`` (what xDiT's Wan2.2 T2V runner
-  loads, with the runner's ``attention_kwargs``), built by :func:`fsattn_diffusers.e2e.build_transformer`
+  loads, with the runner's ``attention_kwargs``), built by :func:`fsattn_diffusers.measure.e2e.build_transformer`
   with ``cls=`` that class: it adds no parameters, so the seeded random weights are those of the diffusers
   run. It shards the token sequence itself (chunk after the patch embedding, all-gather after
   ``proj_out``); self-attention goes through xDiT's ``USP`` (Ulysses all-to-all over heads, or torch's
@@ -30,7 +30,7 @@ where xfuser keys off a CUDA device (yunchang's Ulysses / ring groups are create
 and the ``CUDNN`` slot gets torch's CPU flash attention, which returns an LSE). Everything else is
 xfuser's own code.
 
-Run: ``python -m fsattn_diffusers.parallel.xdit_scaling --device cuda --world 2 --json out.json --md out.md``
+Run: ``python -m fsattn_diffusers.measure.xdit_scaling --device cuda --world 2 --json out.json --md out.md``
 (needs the ``xfuser``, ``yunchang`` and ``distvae`` packages).
 """
 
@@ -288,7 +288,7 @@ def _package_versions() -> Dict[str, str]:
 
 
 def main(argv: List[str] = None) -> int:
-    return scaling.main(argv, module="fsattn_diffusers.parallel.xdit_scaling", body=_run,
+    return scaling.main(argv, module="fsattn_diffusers.measure.xdit_scaling", body=_run,
                         description=__doc__.splitlines()[0],
                         extra_meta=dict(_package_versions(), framework="xdit", stock_slot=STOCK_SLOT,
                                         fsattn_slot=FSATTN_SLOT))

@@ -17,7 +17,7 @@ import numpy as np
 
 #: uint8 frames: the PSNR peak and the SSIM data range.
 PIXEL_MAX = 255.0
-#: Frames compared by default: every 4th (issue 5; the paper's Section 5.3 evaluation).
+#: Frames compared by default: every 4th (the paper's Section 5.3 evaluation).
 DEFAULT_EVERY = 4
 #: SSIM of Wang et al. (2004): 11x11 Gaussian window of sigma 1.5, population covariances.
 SSIM_SIGMA = 1.5

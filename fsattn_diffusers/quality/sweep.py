@@ -21,7 +21,7 @@ from .probe import RunProbe, latent_digest
 from .store import VideoStore, slug
 
 REFERENCE = "bf16"
-#: Policies swept when none are given (issue 5).
+#: Policies swept when none are given.
 DEFAULT_POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4", "hybrid")
 #: Untimed warm-up run before the first generated video.
 WARMUP_STEPS, WARMUP_MP4 = 1, ".warmup.mp4"
