@@ -4,6 +4,26 @@
 # no network), `fsattn` on PATH, the environment appended to $OUT/env.txt; defines run_logged and finish.
 set -euo pipefail
 
+# Parts: a script sets PARTS_ALL (what `all`, the default, runs) and optionally PARTS_MORE (parts outside `all`)
+# before sourcing; its arguments are parts, then optionally `--` and flags for the one part's command (EXTRA).
+PARTS=() EXTRA=()
+if [[ -n ${PARTS_ALL:-} ]]; then
+  while (($#)) && [[ $1 != -- ]]; do PARTS+=("$1"); shift; done
+  (($#)) && { shift; EXTRA=("$@"); }
+  ((${#PARTS[@]})) || PARTS=(all)
+  for part in "${PARTS[@]}"; do
+    if [[ " $PARTS_ALL ${PARTS_MORE:-} all " != *" $part "* ]]; then
+      echo "$(basename "$0"): unknown part '$part'; accepted: $PARTS_ALL ${PARTS_MORE:+$PARTS_MORE }all (default all)" >&2
+      exit 2
+    fi
+  done
+  [[ " ${PARTS[*]} " == *" all "* ]] && read -ra PARTS <<< "$PARTS_ALL"
+  if ((${#EXTRA[@]})) && ((${#PARTS[@]} != 1)); then
+    echo "$(basename "$0"): flags after -- go to one part's command; got parts: ${PARTS[*]}" >&2
+    exit 2
+  fi
+fi
+
 : "${OUT:?is not set; run as OUT=DIR bash scripts/NAME.sh [part ...]}"
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # absolute: the cd below must not move it
