@@ -37,11 +37,12 @@ fi
 # The installed layout: fsattn_diffusers/ with kernels/ and pipelines/ inside it (pyproject's package-dir),
 # assembled from symlinks. PYTHONSAFEPATH (Python >= 3.11) keeps the working directory off sys.path, so the
 # repository's own fsattn_diffusers/ (which has no kernels/) cannot shadow it.
+# Links are replaced in place (no rm -rf), so two scripts started side by side on one machine do not race.
 FSATTN_SRC=/tmp/fsattn_src
-rm -rf "$FSATTN_SRC"
 mkdir -p "$FSATTN_SRC/fsattn_diffusers" /tmp/fsattn_bin
+find "$FSATTN_SRC/fsattn_diffusers" -mindepth 1 -maxdepth 1 -xtype l -delete  # entries gone from the checkout
 for entry in "$PWD"/fsattn_diffusers/*; do
-  ln -s "$entry" "$FSATTN_SRC/fsattn_diffusers/"
+  ln -sfn "$entry" "$FSATTN_SRC/fsattn_diffusers/${entry##*/}"
 done
 ln -sfn "$PWD/kernels" "$FSATTN_SRC/fsattn_diffusers/kernels"
 ln -sfn "$PWD/pipelines" "$FSATTN_SRC/fsattn_diffusers/pipelines"
