@@ -3,7 +3,8 @@
 # transformers with random weights, per attention policy, against stock SDPA bf16 and FlashAttention-3 (BF16, FP8).
 #   OUT=$OUT bash scripts/e2e_h200.sh [check|wan-policies|wan-bf16|wan-fp8|wan-compile|hunyuan|profile|rope|all ...]
 #        [-- flags for the one part's `fsattn e2e`]
-# Wheels carried in .whl: diffusers 0.42.1; for the FA3 policies fa3-fwd 0.0.3 and einops; for --gemms fp8 torchao 0.18.
+# Wheels carried in .whl: diffusers 0.42.1; for the FA3 policies fa3-fwd 0.0.3 and einops; for wan-fp8 torchao 0.18
+# (needs torch >= 2.11).
 # One part per 10-minute call (times: Wan2.2 bf16 step ~24 s; per policy 1 warm-up forward, STEPS=2 timed steps):
 #   check         FA3 baselines vs FP32 SDPA (dense and varlen, LSE), graph breaks of one Wan / HunyuanVideo block
 #                 per policy with the backend probes cached and cold -> e2e_check_h200.{json,txt}, ~2 min
