@@ -1,85 +1,200 @@
-"""Compile the attention kernel for sm_90 offline (no GPU) and report registers, spills and SASS op counts.
+"""Offline sm_90a compile report of the attention kernels (no GPU): registers, spills, shared memory, and SASS
+instruction counts of the steady-state key loop per thread and 128-key tile, for the Triton kernel
+(kernels/fused_attention.py) and the Gluon ping-pong kernel (kernels/fused_attention_gluon_pingpong.py).
 
-Usage: python scripts/kernel_sass.py [OUTDIR] ; variants are compiled in turn.
+    python scripts/kernel_sass.py [--out DIR] [--only NAME,...] [--list]
+
+Needs triton (3.6: ptxas and cuobjdump come in its wheel) and fsattn_diffusers importable with its kernels (an
+installed or editable package, or scripts/device_env.sh's layout). The loop is the backward branch enclosing the most
+QGMMAs (one per partition in the Gluon kernel: both warpgroups' loops are listed, at their SASS address); "rare" is the
+largest forward-predicated span inside it holding MUFU (the gate's rollback), left out of the per-op counts
+("steady" = loop - rare). Out-of-line mbarrier retry blocks lie outside the loop's address range and are not counted. --out writes NAME.{sass,ptx,ttgir} for each configuration.
 """
-import collections, os, re, subprocess, sys
+
+from __future__ import annotations
+
+import argparse
+import collections
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+
 import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
-from fsattn_diffusers.kernels.fused_attention import fsattn_fwd_kernel
 
-SIG = {"Q8": "*fp8e4nv", "QE": "*i32", "K8": "*fp8e4nv", "KE": "*i32", "V8T": "*fp8e4nv", "VS": "*fp32",
-       "OUT": "*bf16", "LSE": "*fp32", "STATS": "*i32", "KVL": "*i32", "sob": "i32", "soh": "i32", "sos": "i32",
-       "sod": "i32", "H": "i32", "SQ": "i32", "SK": "i32", "SQP": "i32", "SKP": "i32"}
+from fsattn_diffusers.kernels import ops
+from fsattn_diffusers.kernels.plan import plan_for
+from fsattn_diffusers.recipe import PRESETS
+
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+TARGET = GPUTarget("cuda", 90, 32)
+# Argument types by name (both kernels); pointers and padded lengths/strides get a real launch's divisibility by 16.
+TYPES = {"Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8T": "*fp8e4nv", "QE": "*i32", "KE": "*i32", "VS": "*fp32",
+         "BIAS": "*fp32", "OUT": "*bf16", "LSE": "*fp32", "STATS": "*i32", "FLAGS": "*i32", "KVL": "*i32",
+         "NKW": "i32", "sob": "i32", "soh": "i32", "sos": "i32", "sod": "i32", "H": "i32", "SQ": "i32", "SK": "i32",
+         "SQP": "i32", "SKP": "i32"}
+DIV16 = ("SQP", "SKP", "sob", "soh", "sos")
+KEYS = ["QGMMA", "WARPGROUP", "FFMA", "FMUL", "FADD", "FMNMX", "HMUL2", "HADD2", "HMNMX2", "F2FP", "SHF", "IMAD",
+        "LOP3", "PRMT", "SHFL", "SEL", "BAR", "SYNCS", "LDS", "STS", "MUFU", "UTMALDG", "LDL", "STL"]
+LINE = re.compile(r"^\s+/\*([0-9a-f]+)\*/\s+(@!?U?P\w+\s+)?([A-Z0-9_.]+)([^;]*);", re.M)
 
 
-def compile_variant(num_warps=8, num_stages=2, **const):
-    c = dict(D=128, BM=128, BN=128, HAS_KVL=False, WRITE_LSE=False, P_MX=False, GATE=True, CAP=4.0, SIGMA=4.0,
-             ROWSUM_DOT=False, NUM_STAGES=num_stages, RNE_CVT=False)
+def _signature(fn, types: dict, const: dict):
+    """(signature, constexprs, attrs) for ``fn`` from its parameter list: constexprs from ``const`` or their defaults."""
+    params = inspect.signature(fn.fn).parameters
+    sig, constexprs, attrs = {}, {}, {}
+    for i, (name, p) in enumerate(params.items()):
+        if "constexpr" in str(p.annotation):
+            if name not in const and p.default is inspect.Parameter.empty:
+                raise KeyError(f"{fn.__name__}: constexpr {name} has no value here; add it to the configuration")
+            sig[name], constexprs[name] = "constexpr", const.get(name, p.default)
+        elif name in types:
+            sig[name] = types[name]
+            if types[name].startswith("*") or name in DIV16:
+                attrs[(i,)] = [["tt.divisibility", 16]]
+        else:
+            raise KeyError(f"{fn.__name__}: no type for argument {name}; add it to TYPES")
+    unknown = set(const) - set(params)
+    if unknown:
+        raise KeyError(f"{fn.__name__} has no parameters {sorted(unknown)}")
+    return sig, constexprs, attrs
+
+
+def _recipe_constants(recipe: str) -> dict:
+    plan = plan_for(PRESETS[recipe])
+    return dict(GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), P_MX=plan.p_mxfp6)
+
+
+def compile_triton(recipe="mxfp8", d=128, num_warps=ops.NUM_WARPS, stages=ops.NUM_STAGES, **const):
+    from fsattn_diffusers.kernels.fused_attention import fsattn_fwd_kernel
+
+    c = dict(D=d, BM=ops.BLOCK_M, BN=ops.BLOCK_N, HAS_KVL=False, WRITE_LSE=False, NUM_STAGES=stages, RNE_CVT=False,
+             **_recipe_constants(recipe))
     c.update(const)
-    sig = dict(SIG, **{k: "constexpr" for k in c})
-    names = list(SIG)
-    # What a real launch specializes: 16-byte aligned pointers, padded lengths and strides divisible by 16.
-    div16 = [i for i, n in enumerate(names) if SIG[n].startswith("*") or n in ("SQP", "SKP", "sob", "soh", "sos")]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
-    src = ASTSource(fn=fsattn_fwd_kernel, signature=sig, constexprs=c, attrs=attrs)
-    return triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": num_warps, "num_stages": num_stages})
+    sig, constexprs, attrs = _signature(fsattn_fwd_kernel, TYPES, c)
+    src = ASTSource(fn=fsattn_fwd_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": num_warps, "num_stages": stages})
 
 
-KEYS = ["QGMMA", "HGMMA", "FFMA", "FMUL", "FADD", "FMNMX", "SHF", "IMAD", "F2FP", "PRMT", "LDS", "STS", "BAR", "SHFL", "LDG",
-        "LDGSTS", "MUFU", "LDL", "STL"]
+def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fsattn_diffusers.kernels import fused_attention_gluon_pingpong as pp
+
+    def desc(rows, cols):
+        layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float8e4nv)
+        return f"tensordesc<fp8e4nv[{rows}, {cols}],{layout!r}>"
+
+    bn = ops.BLOCK_N
+    types = dict(TYPES, q_desc=desc(pp.WG_ROWS.value, d), k_desc=desc(bn, d), v_desc=desc(d, bn),
+                 ones_desc=desc(pp.ONES_N.value, bn))
+    rc = _recipe_constants(recipe)
+    c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=rc["CAP"], SIGMA=rc["SIGMA"], STAGES=stages,
+             REGS=ops.PP_WORKER_REGS)
+    c.update(const)
+    sig, constexprs, attrs = _signature(pp.fsattn_fwd_gluon_pingpong_kernel, types, c)
+    src = GluonASTSource(fn=pp.fsattn_fwd_gluon_pingpong_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": 4})
 
 
-def report(k, out=None, tag="v", keys=None):
-    """(registers, spill stores, SASS op counts for ``keys``, shared memory bytes) of a compiled kernel ``k``;
-    with ``out``, its SASS and TTGIR (and PTX) are written there as ``tag``.*."""
-    cubin = "/tmp/_k.cubin"
-    open(cubin, "wb").write(k.asm["cubin"])
-    sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", cubin], capture_output=True, text=True).stdout
-    ops = collections.Counter(re.findall(r"^\s+/\*[0-9a-f]+\*/\s+(?:@!?U?P\w+\s+)?([A-Z0-9_.]+)", sass, re.M))
-    base = collections.Counter()
-    for op, n in ops.items():
-        base[op.split(".")[0]] += n
-    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", "-o", "/dev/null", "-"],
-                           input=k.asm["ptx"], capture_output=True, text=True).stderr
-    regs = re.findall(r"Used (\d+) registers", ptxas)
-    spill = re.findall(r"(\d+) bytes spill stores", ptxas)
+CONFIGS = {  # name: (compile function, keyword arguments)
+    "triton_mxfp8": (compile_triton, {}),
+    "triton_mxfp8_d64": (compile_triton, dict(d=64)),
+    "triton_mxfp6": (compile_triton, dict(recipe="mxfp6")),
+    "triton_mxfp8_nogate": (compile_triton, dict(GATE=False)),
+    "gluon_pingpong": (compile_gluon, {}),
+    "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
+    "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
+    "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
+}
+
+
+def _branch_target(rest):
+    m = re.search(r"0x([0-9a-f]+)", rest)
+    return int(m.group(1), 16) if m else None
+
+
+def loops(sass: str):
+    """[(start, op counts of the loop body, op counts of its rare branch)] per key loop: see the module docstring."""
+    ins = [(int(a, 16), pred or "", op, rest) for a, pred, op, rest in LINE.findall(sass)]
+    count = lambda xs: collections.Counter(x[2].split(".")[0] for x in xs)  # noqa: E731
+    found = []
+    for addr, pred, op, rest in ins:
+        tgt = _branch_target(rest) if op.startswith("BRA") and pred else None
+        if tgt is None or tgt >= addr:
+            continue
+        body = [x for x in ins if tgt <= x[0] <= addr]
+        if not any(x[2].startswith(("QGMMA", "HGMMA")) for x in body):
+            continue
+        rare = []
+        for a, p, o, r in body:
+            t = _branch_target(r) if o.startswith("BRA") and p else None
+            if t is not None and a < t <= addr:
+                span = [x for x in body if a < x[0] < t]
+                if any(x[2].startswith("MUFU") for x in span) and len(span) > len(rare):
+                    rare = span
+        found.append((tgt, count(body), count(rare)))
+    # an enclosing loop (e.g. over the tiles of a persistent program) would repeat its inner loop's counts
+    return [f for f in found if not any(g is not f and g[0] > f[0] and sum(g[1].values()) < sum(f[1].values())
+                                        and f[1]["QGMMA"] > g[1]["QGMMA"] for g in found)] or found
+
+
+def report(name: str, kernel, out=None) -> list:
+    with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
+        f.write(kernel.asm["cubin"])
+        f.flush()
+        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+                              check=True).stdout
+    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", "-o", os.devnull, "-"],
+                           input=kernel.asm["ptx"], capture_output=True, text=True).stderr
     if out:
         os.makedirs(out, exist_ok=True)
-        open(os.path.join(out, f"{tag}.sass"), "w").write(sass)
-        open(os.path.join(out, f"{tag}.ttgir"), "w").write(k.asm["ttgir"])
-        open(os.path.join(out, f"{tag}.ptx"), "w").write(k.asm["ptx"])
-    return regs, spill, {k_: base.get(k_, 0) for k_ in (keys or KEYS)}, k.metadata.shared
+        for ext, text in (("sass", sass), ("ptx", kernel.asm["ptx"]), ("ttgir", kernel.asm["ttgir"])):
+            with open(os.path.join(out, f"{name}.{ext}"), "w") as fh:
+                fh.write(text)
+    regs = ",".join(re.findall(r"Used (\d+) registers", ptxas))
+    spills = ",".join(re.findall(r"(\d+) bytes spill stores", ptxas))
+    rows = []
+    for start, loop, rare in loops(sass):
+        total, n_rare = sum(loop.values()), sum(rare.values())
+        counts = " | ".join(str(loop.get(k, 0) - rare.get(k, 0)) for k in KEYS)
+        rows.append(f"| {name} | {start:#x} | {regs} | {spills} | {kernel.metadata.shared} | {total} | {total - n_rare} "
+                    f"| {n_rare} | {counts} |")
+    return rows or [f"| {name} | no key loop found | {regs} | {spills} | {kernel.metadata.shared} |"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", default=None, help="write NAME.sass / .ptx / .ttgir here")
+    ap.add_argument("--only", default=None, help=f"comma list of configurations (default all: {', '.join(CONFIGS)})")
+    ap.add_argument("--list", action="store_true", help="print the configurations and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        print("\n".join(f"{n}: {fn.__name__}({kw})" for n, (fn, kw) in CONFIGS.items()))
+        return 0
+    names = a.only.split(",") if a.only else list(CONFIGS)
+    bad = [n for n in names if n not in CONFIGS]
+    if bad:
+        print(f"kernel_sass.py: unknown configuration {', '.join(bad)}; accepted: {', '.join(CONFIGS)}", file=sys.stderr)
+        return 2
+    print(f"sm_90a, triton {triton.__version__}; loop counts per thread and key tile, steady = loop - rare")
+    print("| config | loop at | regs | spill bytes | shared | loop | steady | rare | " + " | ".join(KEYS) + " |")
+    print("| --- " * (8 + len(KEYS)) + "|")
+    failed = 0
+    for name in names:
+        fn, kw = CONFIGS[name]
+        try:
+            print("\n".join(report(name, fn(**kw), a.out)), flush=True)
+        except Exception as exc:  # noqa: BLE001 - one configuration's failure must not hide the others
+            failed += 1
+            print(f"| {name} | FAILED: {type(exc).__name__}: {str(exc)[:300]} |", flush=True)
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":
-    out = sys.argv[1] if len(sys.argv) > 1 else None
-    variants = {"fp8_gate": {}, "fp8_nogate": dict(GATE=False), "fp8_dotsum": dict(ROWSUM_DOT=True),
-                "mxfp6P": dict(P_MX=True, SIGMA=3.0), "fp8_d64": dict(D=64)}
-    for tag, kw in variants.items():
-        try:
-            print(tag, *report(compile_variant(**kw), out, tag))
-        except Exception as e:  # noqa
-            print(tag, "FAILED", repr(e)[:400])
-
-
-def compile_ws(num_stages=2, block_m=128, d=128, **const):
-    """The warp-specialized kernel; returns (compiled, whether Triton made warp partitions)."""
-    from fsattn_diffusers.kernels.fused_attention_ws import fsattn_fwd_ws_kernel
-
-    c = dict(D=d, BM=block_m, BN=128, HAS_KVL=False, WRITE_LSE=False, P_MX=False, GATE=True, CAP=4.0, SIGMA=4.0,
-             STATS=False, NUM_STAGES=num_stages, RNE_CVT=False, WS=True, MASK_WHERE=False)
-    c.update(const)
-    sig = {"qd": f"tensordesc<fp8e4nv[{block_m}, {d}]>", "kd": f"tensordesc<fp8e4nv[128, {d}]>",
-           "vd": f"tensordesc<fp8e4nv[{d}, 128]>", "QE": "*i32", "KE": "*i32", "VS": "*fp32", "OUT": "*bf16",
-           "LSE": "*fp32", "FLAGS": "*i32", "ROWS": "*i32", "KVL": "*i32", "sob": "i32", "soh": "i32",
-           "sos": "i32", "sod": "constexpr", "H": "i32", "SQ": "i32", "SK": "i32", "SQP": "i32", "SKP": "i32", "NKT": "i32"}
-    names = list(sig)
-    div16 = [i for i, n in enumerate(names) if sig[n].startswith("*") or n in ("SQP", "SKP", "sob", "soh", "sos")]
-    attrs = {(i,): [["tt.divisibility", 16]] for i in div16}
-    sig.update({k: "constexpr" for k in c})
-    c["sod"] = 1  # a real launch specializes the unit stride
-    src = ASTSource(fn=fsattn_fwd_ws_kernel, signature=sig, constexprs=c, attrs=attrs)
-    k = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4, "num_stages": num_stages})
-    return k, "ttg.warp_specialize" in k.asm["ttgir"]
+    sys.exit(main())

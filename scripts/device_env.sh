@@ -1,0 +1,112 @@
+# Shared preamble of the device scripts (sourced, not run): source "$(dirname "$0")/device_env.sh"
+# Strict mode, repository root as working directory, $OUT required, carried wheels (.whl/*.whl) installed to
+# /tmp/site, the package importable exactly as installed (fsattn_diffusers.kernels / .pipelines, no setuptools,
+# no network), `fsattn` on PATH, the environment appended to $OUT/env.txt; defines run_logged and finish.
+set -euo pipefail
+
+# Parts: a script sets PARTS_ALL (what `all`, the default, runs) and optionally PARTS_MORE (parts outside `all`)
+# before sourcing; its arguments are parts, then optionally `--` and flags for the one part's command (EXTRA).
+PARTS=() EXTRA=()
+if [[ -n ${PARTS_ALL:-} ]]; then
+  while (($#)) && [[ $1 != -- ]]; do PARTS+=("$1"); shift; done
+  (($#)) && { shift; EXTRA=("$@"); }
+  ((${#PARTS[@]})) || PARTS=(all)
+  for part in "${PARTS[@]}"; do
+    if [[ " $PARTS_ALL ${PARTS_MORE:-} all " != *" $part "* ]]; then
+      echo "$(basename "$0"): unknown part '$part'; accepted: $PARTS_ALL ${PARTS_MORE:+$PARTS_MORE }all (default all)" >&2
+      exit 2
+    fi
+  done
+  [[ " ${PARTS[*]} " == *" all "* ]] && read -ra PARTS <<< "$PARTS_ALL"
+  if ((${#EXTRA[@]})) && ((${#PARTS[@]} != 1)); then
+    echo "$(basename "$0"): flags after -- go to one part's command; got parts: ${PARTS[*]}" >&2
+    exit 2
+  fi
+fi
+
+: "${OUT:?is not set; run as OUT=DIR bash scripts/NAME.sh [part ...]}"
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)  # absolute: the cd below must not move it
+export OUT
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
+
+if compgen -G ".whl/*.whl" >/dev/null; then
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+fi
+
+# The installed layout: fsattn_diffusers/ with kernels/ and pipelines/ inside it (pyproject's package-dir),
+# assembled from symlinks. PYTHONSAFEPATH (Python >= 3.11) keeps the working directory off sys.path, so the
+# repository's own fsattn_diffusers/ (which has no kernels/) cannot shadow it.
+# Links are replaced in place (no rm -rf), so two scripts started side by side on one machine do not race.
+FSATTN_SRC=/tmp/fsattn_src
+mkdir -p "$FSATTN_SRC/fsattn_diffusers" /tmp/fsattn_bin
+find "$FSATTN_SRC/fsattn_diffusers" -mindepth 1 -maxdepth 1 -xtype l -delete  # entries gone from the checkout
+for entry in "$PWD"/fsattn_diffusers/*; do
+  ln -sfn "$entry" "$FSATTN_SRC/fsattn_diffusers/${entry##*/}"
+done
+ln -sfn "$PWD/kernels" "$FSATTN_SRC/fsattn_diffusers/kernels"
+ln -sfn "$PWD/pipelines" "$FSATTN_SRC/fsattn_diffusers/pipelines"
+export PYTHONPATH=/tmp/site:$FSATTN_SRC PYTHONSAFEPATH=1 PYTHONUNBUFFERED=1
+printf '#!/bin/sh\nexec python3 -m fsattn_diffusers "$@"\n' > /tmp/fsattn_bin/fsattn
+chmod +x /tmp/fsattn_bin/fsattn
+export PATH=/tmp/fsattn_bin:$PATH
+
+python3 - "$PWD" <<'PY' || { echo "device_env.sh: the package is not importable from $PWD (see above)" >&2; exit 1; }
+import os, sys
+if sys.version_info < (3, 11):
+    sys.exit(f"Python {sys.version.split()[0]}: PYTHONSAFEPATH needs >= 3.11 (else the repository shadows the package)")
+import fsattn_diffusers.kernels.plan as plan
+where = os.path.realpath(plan.__file__)
+if not where.startswith(os.path.join(sys.argv[1], "kernels") + os.sep):
+    sys.exit(f"fsattn_diffusers.kernels resolves to {where}, not {sys.argv[1]}/kernels")
+PY
+
+{
+  echo "== $(basename "$0") $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"
+  if command -v nvidia-smi >/dev/null; then
+    nvidia-smi --query-gpu=index,name,driver_version,power.limit,clocks.max.sm,memory.total --format=csv,noheader
+  else
+    echo "nvidia-smi: not present"
+  fi
+  python3 - <<'PY'
+import platform
+from importlib import metadata
+print("python", platform.python_version())
+try:
+    import torch
+    print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
+except ImportError:
+    print("torch absent")
+for dist in ("triton", "diffusers", "fa3-fwd", "torchao", "xfuser", "yunchang"):
+    try:
+        print(dist, metadata.version(dist))
+    except metadata.PackageNotFoundError:
+        print(dist, "absent")
+PY
+  echo "commit $(git rev-parse HEAD 2>/dev/null || echo 'unknown (no git repository here)')"
+} >> "$OUT/env.txt" 2>&1
+
+FSATTN_FAILED=()
+FSATTN_DONE=()
+
+# run_logged NAME CMD...: runs CMD with stdout and stderr teed to $OUT/NAME (NAME.log when NAME has no
+# extension); a failure is recorded and the script goes on. `finish` prints the summary and sets the exit code.
+run_logged() {
+  local name=$1 rc=0 t0=$SECONDS
+  shift
+  [[ $name == *.* ]] || name=$name.log
+  echo "== $name: $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))" | tee "$OUT/$name"
+  "$@" 2>&1 | tee -a "$OUT/$name" || rc=$?
+  echo "== $name: rc=$rc$([[ $rc == 124 ]] && echo ' (timed out)') after $((SECONDS - t0)) s" | tee -a "$OUT/$name"
+  if [[ $rc == 0 ]]; then FSATTN_DONE+=("$name"); else FSATTN_FAILED+=("$name (rc $rc)"); fi
+  return 0
+}
+
+finish() {
+  echo "== done: ${FSATTN_DONE[*]:-none}"
+  if ((${#FSATTN_FAILED[@]})); then
+    echo "== FAILED: ${FSATTN_FAILED[*]}"
+    exit 1
+  fi
+  exit 0
+}

@@ -1,0 +1,114 @@
+#!/usr/bin/env bash
+# The kernels on one H200: GPU tests, the seeded kernel fuzz, and `fsattn bench` (our recipes against SDPA
+# cuDNN/flash in one process) at the paper, Wan2.1, Wan2.2 and HunyuanVideo shapes.
+#   OUT=$OUT bash scripts/gpu_suite_h200.sh [tests|fuzz|bench|power|all ...] [-- flags for the one part's command]
+# Parts (about):
+#   tests  tests/test_kernel_gpu.py (-s: one line per case) -> gpu_tests_h200.txt, ~3 min; then the rest of
+#          tests/ except the fuzz -> tests_h200.txt
+#   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log; pytest's output in kernel_fuzz_pytest.log).
+#          Knobs: FSATTN_FUZZ_CASES (default 300), FSATTN_FUZZ_SLICE=a:b (cases a..b-1 of the same seeded list),
+#          FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK, FSATTN_FUZZ_LOG. A case takes ~1-7 s: 300 cases need ~17 min, so
+#          run slices of ~80 cases per 10-minute call (FSATTN_FUZZ_SLICE=0:80, 80:160, ...).
+#   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`.
+#   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
+#          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one
+#          launch of the attention kernel at (1, 24, 8192, 128) -> ncu_details_h200.txt, ncu_sass_h200.csv (~4 min).
+# FSATTN_KERNEL_VARIANT=gluon_pingpong|triton forces one kernel for every part (default: gluon_pingpong for mxfp8,
+# triton for mxfp6/mxfp4). Logs and results land in $OUT; the environment in $OUT/env.txt.
+PARTS_ALL="tests fuzz bench" PARTS_MORE="power"
+source "$(dirname "$0")/device_env.sh"
+
+power_probe() {  # clocks and power per workload; the nvidia-smi sampler runs beside it
+  timeout 120 python3 - "$@" <<'PY'
+import subprocess, sys, time
+import torch
+import fsattn_diffusers as fa
+
+b, h, s, d = 1, 24, 32768, 128
+seconds = float(sys.argv[1]) if len(sys.argv) > 1 else 3.0
+g = torch.Generator(device="cuda").manual_seed(0)
+q, k, v = (torch.randn((b, h, s, d), generator=g, device="cuda", dtype=torch.bfloat16) for _ in range(3))
+x = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn)
+y = torch.randn(8192, 8192, device="cuda").to(torch.float8_e4m3fn).t()
+one = torch.ones((), device="cuda")
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+def cudnn():
+    with sdpa_kernel([SDPBackend.CUDNN_ATTENTION]):
+        torch.nn.functional.scaled_dot_product_attention(q, k, v)
+
+attn = 4.0 * b * h * s * s * d
+work = [("sdpa-cudnn", cudnn, attn), ("fsattn mxfp8 (with pre-pass)", lambda: fa.attention(q, k, v, "mxfp8", layout="bhsd"), attn),
+        ("fp8 gemm 8192^3", lambda: torch._scaled_mm(x, y, one, one, out_dtype=torch.bfloat16), 2.0 * 8192 ** 3)]
+query = "timestamp,clocks.sm,power.draw,clocks_event_reasons.active"
+smi = subprocess.Popen(["nvidia-smi", f"--query-gpu={query}", "--format=csv,noheader,nounits", "-lms", "100"],
+                       stdout=subprocess.PIPE, text=True)
+time.sleep(1.0)
+phases = []
+for name, fn, flops in work:
+    fn(); torch.cuda.synchronize()
+    n, t0 = 0, time.time()
+    while time.time() - t0 < seconds:
+        fn(); n += 1
+        if n % 4 == 0:
+            torch.cuda.synchronize()
+    torch.cuda.synchronize()
+    t1 = time.time()
+    phases.append((name, t0, t1, (t1 - t0) / n * 1e3, flops))
+    time.sleep(1.0)
+smi.terminate()
+rows = []
+for line in smi.stdout.read().splitlines():
+    f = [x.strip() for x in line.split(",")]
+    try:
+        stamp, frac = f[0].split(".")
+        rows.append((time.mktime(time.strptime(stamp, "%Y/%m/%d %H:%M:%S")) + float("0." + frac), float(f[1]), float(f[2]), f[3]))
+    except (ValueError, IndexError):
+        continue
+print(f"shape {(b, h, s, d)}, {len(rows)} nvidia-smi samples, {seconds} s per workload")
+print("| workload | ms/call | TFLOP/s | median SM MHz | min MHz | median W | max W | throttle reasons |")
+print("| --- | --- | --- | --- | --- | --- | --- | --- |")
+for name, t0, t1, ms, flops in phases:
+    sel = [r for r in rows if t0 + 0.5 <= r[0] <= t1]
+    mhz, watt = sorted(r[1] for r in sel), sorted(r[2] for r in sel)
+    stats = (f"{mhz[len(mhz) // 2]:.0f} | {mhz[0]:.0f} | {watt[len(watt) // 2]:.0f} | {watt[-1]:.0f} | "
+             f"{' '.join(sorted({r[3] for r in sel}))}") if sel else "- | - | - | - | no samples"
+    print(f"| {name} | {ms:.3f} | {flops / ms * 1e-9:.0f} | {stats} |")
+PY
+}
+
+ncu_profile() {  # one launch of the attention kernel under Nsight Compute (clocks not locked)
+  local rep=/tmp/fsattn_ncu section sections=()
+  for section in SpeedOfLight ComputeWorkloadAnalysis SchedulerStats WarpStateStats InstructionStats Occupancy \
+                 LaunchStats SourceCounters; do sections+=(--section "$section"); done
+  timeout 300 ncu --clock-control none -k regex:fsattn_fwd --launch-skip 1 --launch-count 1 "${sections[@]}" \
+    --import-source no -f -o "$rep" python3 -c '
+import torch, fsattn_diffusers as fa
+q, k, v = (torch.randn((1, 24, 8192, 128), device="cuda", dtype=torch.bfloat16) for _ in range(3))
+for _ in range(3):
+    fa.attention(q, k, v, "mxfp8", layout="bhsd")
+torch.cuda.synchronize()' || return $?
+  ncu --import "$rep.ncu-rep" --page details > "$OUT/ncu_details_h200.txt" || return $?
+  ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass_h200.csv"
+  grep -E "Issue Slots Busy|Issued Ipc|No Eligible|Warp Cycles Per Issued|Pipe|SM Frequency|Duration" \
+    "$OUT/ncu_details_h200.txt" | head -30
+}
+
+for part in "${PARTS[@]}"; do
+  case $part in
+    tests)
+      run_logged gpu_tests_h200.txt timeout "${LIMIT:-300}" python3 -m pytest -q -s tests/test_kernel_gpu.py "${EXTRA[@]}"
+      run_logged tests_h200.txt timeout "${LIMIT:-400}" python3 -m pytest -q tests/ \
+        --ignore=tests/test_kernel_gpu.py --ignore=tests/test_kernel_fuzz_gpu.py "${EXTRA[@]}" ;;
+    fuzz)
+      export FSATTN_FUZZ_LOG=${FSATTN_FUZZ_LOG:-$OUT/kernel_fuzz_h200.txt}
+      run_logged kernel_fuzz_pytest timeout "${LIMIT:-560}" python3 -m pytest -q -s tests/test_kernel_fuzz_gpu.py "${EXTRA[@]}" ;;
+    bench)
+      run_logged bench_h200_log.txt timeout "${LIMIT:-400}" fsattn bench --shapes paper,wan21,wan22,hunyuan \
+        --warmup 50 --rep 300 --json "$OUT/bench_h200.json" --markdown "$OUT/bench_h200.md" "${EXTRA[@]}" ;;
+    power)
+      run_logged power_h200.txt power_probe "${EXTRA[@]}"
+      run_logged ncu_h200.log ncu_profile ;;
+  esac
+done
+finish
