@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The kernels on one H200: GPU tests, the seeded kernel fuzz, and `fsattn bench` (our recipes against SDPA
-# cuDNN/flash in one process) at the paper, Wan2.1, Wan2.2 and HunyuanVideo shapes.
+# cuDNN/flash and, with the fa3-fwd wheel carried in .whl, FA3 bf16/FP8, in one process) at the paper, Wan2.1, Wan2.2 and HunyuanVideo shapes.
 #   OUT=$OUT bash scripts/gpu_suite_h200.sh [tests|fuzz|bench|power|all ...] [-- flags for the one part's command]
 # Parts (about):
 #   tests  tests/test_kernel_gpu.py (-s: one line per case) -> gpu_tests_h200.txt, ~3 min; then the rest of

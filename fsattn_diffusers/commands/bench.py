@@ -5,17 +5,19 @@ from __future__ import annotations
 import json
 import os
 
-from ..measure.kernel_bench import RECIPES, SHAPES, bench_shape, environment, markdown
+from ..measure.kernel_bench import BASELINES, RECIPES, SHAPES, bench_shape, environment, markdown
 
 NAME = "bench"
-HELP = "time the Triton kernel against torch SDPA (cuDNN, flash) and SageAttention on a CUDA GPU"
+HELP = "time the kernels against torch SDPA (cuDNN, flash), FlashAttention-3 (bf16, FP8) and SageAttention on a GPU"
 
 def add_arguments(parser) -> None:
     parser.add_argument("--shapes", default="paper", help=f"comma list of {', '.join(SHAPES)} (default: paper)")
     parser.add_argument("--shape", action="append", default=[], metavar="B,H,S,D",
                         help="extra shape (repeatable); S may be S_q:S_k")
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma list of our recipes")
-    parser.add_argument("--baselines", default="cudnn,flash,sage", help="comma list of cudnn, flash, sage")
+    parser.add_argument("--baselines", default=",".join(BASELINES),
+                        help=f"comma list of {', '.join(BASELINES)} (those not installed are skipped with a line; "
+                             "fa3/fa3-fp8 need the fa3-fwd package)")
     parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd", help="input layout for our kernel")
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
@@ -63,8 +65,8 @@ def run(args) -> int:
     recipes = [r for r in args.recipes.split(",") if r]
     baselines = [x for x in args.baselines.split(",") if x]
     for x in baselines:
-        if x not in ("cudnn", "flash", "sage"):
-            raise UsageError(f"unknown baseline {x!r}; accepted: cudnn, flash, sage")
+        if x not in BASELINES:
+            raise UsageError(f"unknown baseline {x!r}; accepted: {', '.join(BASELINES)}")
     if args.variant:
         from ..kernels import ops
 

@@ -1,9 +1,12 @@
-"""Kernel timing for ``fsattn bench``: our recipes against torch SDPA (cuDNN, flash) and SageAttention in one process.
+"""Kernel timing for ``fsattn bench``: our recipes against torch SDPA (cuDNN, flash), FlashAttention-3 (bf16 and
+FP8) and SageAttention, in one process.
 
-For each shape: median time of ``triton.testing.do_bench``, TFLOP/s = 4 B H S_q S_k D / t, speedup over
-SDPA-cuDNN (bf16), and the relative error and cosine against exact attention (float64 softmax) on
-sampled query rows. Our rows include the pre-pass (Hadamard + MX quantization); the pre-pass and the
-attention kernel alone are also timed separately.
+For each shape: median time of ``triton.testing.do_bench``, TFLOP/s = 4 B H S_q S_k D / t, and the relative
+error and cosine against exact attention (float64 softmax) on sampled query rows. Every row carries three
+ratios: against SDPA-cuDNN, against the fastest bf16 baseline of the run (cuDNN, flash or FA3 bf16, named in
+``best_bf16``) and against FA3 FP8. Our rows include the pre-pass (Hadamard + MX quantization); FA3 FP8's row
+includes the quantization of Q, K and V to E4M3 with one scale per (batch, head) (what the ``fa3-fp8`` policy
+runs); both are also timed apart (``prepass_ms``: pre-pass or quantization, ``kernel_ms``: attention alone).
 """
 
 from __future__ import annotations
@@ -22,6 +25,12 @@ SHAPES = {
     "hunyuan": (1, 24, 119040, 128),
 }
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
+#: Baselines by their ``--baselines`` name -> the method name of their rows.
+BASELINE_METHODS = {"cudnn": "sdpa-cudnn", "flash": "sdpa-flash", "fa3": "fa3-bf16", "fa3-fp8": "fa3-fp8",
+                    "sage": "sageattention"}
+BASELINES = tuple(BASELINE_METHODS)
+#: The bf16 baselines; the fastest of them in a run is the ``best_bf16`` reference.
+BF16_METHODS = ("sdpa-cudnn", "sdpa-flash", "fa3-bf16")
 # Query rows sampled per (batch, head) for the accuracy columns.
 SAMPLE_ROWS = 256
 
@@ -68,6 +77,54 @@ def sage_fn(q, k, v):
     return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
 
 
+def fa3_fns(q, k, v, scale):
+    """FlashAttention-3 callables on (B, H, S, D) bf16 ``q, k, v`` (their BSHD copies are made once, untimed).
+
+    Returns
+    -------
+    ``{"fa3": run, "fa3-fp8": (run, quantize, kernel)}``, each ``run`` giving a (B, H, S_q, D) view, or a
+    one-line reason (str) when ``fa3-fwd`` is not importable. ``fa3-fp8``'s ``run`` quantizes Q, K, V to E4M3
+    (one scale per batch and head, :func:`~fsattn_diffusers.backends.fa3_backend.fp8_per_head`) and calls the
+    kernel; ``quantize`` and ``kernel`` are the two halves, timed apart.
+    """
+    from ..backends.fa3_backend import fa3_missing, fa3_module, fp8_per_head
+
+    why = fa3_missing()
+    if why is not None:
+        return why
+    fa3 = fa3_module()
+    qs, ks, vs = (t.transpose(1, 2).contiguous() for t in (q, k, v))
+
+    def bf16():
+        return fa3.flash_attn_func(qs, ks, vs, softmax_scale=scale, causal=False).transpose(1, 2)
+
+    def quantize():
+        return [fp8_per_head(t) for t in (qs, ks, vs)]
+
+    held = quantize()
+
+    def fp8_call(parts):
+        (q8, qd), (k8, kd), (v8, vd) = parts
+        return fa3.flash_attn_func(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=qd, k_descale=kd,
+                                   v_descale=vd).transpose(1, 2)
+
+    return {"fa3": bf16, "fa3-fp8": (lambda: fp8_call(quantize()), quantize, lambda: fp8_call(held))}
+
+
+def add_ratios(results: List[Dict]) -> List[Dict]:
+    """Set ``speedup_vs_cudnn``, ``speedup_vs_best_bf16`` (+ ``best_bf16``, its method) and ``speedup_vs_fa3_fp8``
+    on every row of one shape's ``results`` (None where that baseline did not run); returns ``results``."""
+    ms = {r["method"]: r["ms"] for r in results}
+    bf16 = [(ms[m], m) for m in BF16_METHODS if m in ms]
+    best_ms, best = min(bf16) if bf16 else (None, None)
+    for r in results:
+        r["speedup_vs_cudnn"] = ms["sdpa-cudnn"] / r["ms"] if "sdpa-cudnn" in ms else None
+        r["best_bf16"] = best
+        r["speedup_vs_best_bf16"] = best_ms / r["ms"] if best_ms else None
+        r["speedup_vs_fa3_fp8"] = ms["fa3-fp8"] / r["ms"] if "fa3-fp8" in ms else None
+    return results
+
+
 def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100.0, rep=500.0, seed=0,
                 log=print) -> List[Dict]:
     """Rows of results (dicts) for one shape; random normal bf16 inputs, SDPA's default scale."""
@@ -101,15 +158,28 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         del out
         return row
 
+    fa3 = fa3_fns(q, k, v, scale) if {"fa3", "fa3-fp8"} & set(baselines) else None
     for name in baselines:
-        fn = sage_fn(q, k, v) if name == "sage" else sdpa_fn(q, k, v, name)
+        extra = None
+        if name in ("fa3", "fa3-fp8"):
+            if isinstance(fa3, str):
+                log(f"  {name:<14} skipped: {fa3}")
+                continue
+            fn = fa3[name]
+            if name == "fa3-fp8":
+                fn, quantize, kernel = fn
+                extra = {"prepass_ms": timed(quantize, warmup, rep), "kernel_ms": timed(kernel, warmup, rep)}
+                extra["kernel_tflops"] = flops / extra["kernel_ms"] * 1e-9
+        else:
+            fn = sage_fn(q, k, v) if name == "sage" else sdpa_fn(q, k, v, name)
         if fn is None:
             log(f"  {name:<14} not installed, skipped")
             continue
         try:
-            record({"cudnn": "sdpa-cudnn", "flash": "sdpa-flash", "sage": "sageattention"}[name], fn)
+            record(BASELINE_METHODS[name], fn, extra)
         except Exception as exc:  # noqa: BLE001 - report and continue with the rest
             log(f"  {name:<14} failed: {type(exc).__name__}: {exc}")
+    del fa3
     qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
     for rname in recipes:
         recipe = get_recipe(rname)
@@ -138,10 +208,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         results[-1]["qkv_bf16_bytes"] = int(2 * b * h * (s_q + 2 * s_k) * d)
         log(f"  {'':<14} pre-pass {pre_ms:.3f} ms, kernel {ker_ms:.3f} ms ({flops / ker_ms * 1e-9:.1f} TFLOP/s), "
             f"peak extra {peak_extra / 2**20:.0f} MiB (Q+K+V bf16 {results[-1]['qkv_bf16_bytes'] / 2**20:.0f} MiB)")
-    cudnn = next((r["ms"] for r in results if r["method"] == "sdpa-cudnn"), None)
-    for r in results:
-        r["speedup_vs_cudnn"] = (cudnn / r["ms"]) if cudnn else None
-    return results
+    return add_ratios(results)
 
 
 def environment() -> Dict:
@@ -163,17 +230,29 @@ def environment() -> Dict:
     return env
 
 
+def _ratio(x) -> str:
+    return f"{x:.3f}x" if x else "-"
+
+
 def markdown(env: Dict, results: List[Dict]) -> str:
+    """The results as a markdown report: environment lines, then one table row per method and shape."""
     lines = [f"# fsattn bench — {env.get('device', '?')}", "",
              f"- date: {env['date']}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
-             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}", "- inputs: random normal bf16, BHSD, non-causal, default scale; "
-             f"accuracy on {SAMPLE_ROWS} sampled query rows per head against float64 softmax", "",
-             "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | rel. err | cos | pre-pass ms | kernel ms |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}",
+             "- inputs: random normal bf16, BHSD (FA3: BSHD copies), non-causal, default scale; accuracy on "
+             f"{SAMPLE_ROWS} sampled query rows per head against float64 softmax",
+             "- ratios: time of the baseline / time of the row, measured in this run; best bf16 = the fastest of "
+             "SDPA cuDNN, SDPA flash and FA3 bf16 at that shape; ours include the pre-pass, FA3 FP8 its "
+             "Q/K/V quantization (both also timed apart)", "",
+             "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | vs best bf16 | vs FA3 FP8 | rel. err | cos "
+             "| pre-pass ms | kernel ms |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
-        sp = f"{r['speedup_vs_cudnn']:.3f}x" if r.get("speedup_vs_cudnn") else "-"
-        lines.append(f"| {','.join(map(str, r['shape']))} | {r['method']} | {r['ms']:.3f} | {r['tflops']:.0f} | {sp} "
-                     f"| {r['rel_err']:.4f} | {r['cos']:.5f} | {r.get('prepass_ms', float('nan')):.3f} "
-                     f"| {r.get('kernel_ms', float('nan')):.3f} |".replace("nan", "-"))
+        best = f" ({r['best_bf16']})" if r.get("speedup_vs_best_bf16") else ""
+        lines.append(f"| {','.join(map(str, r['shape']))} | {r['method']} | {r['ms']:.3f} | {r['tflops']:.0f} "
+                     f"| {_ratio(r.get('speedup_vs_cudnn'))} | {_ratio(r.get('speedup_vs_best_bf16'))}{best} "
+                     f"| {_ratio(r.get('speedup_vs_fa3_fp8'))} | {r['rel_err']:.4f} | {r['cos']:.5f} "
+                     f"| {r.get('prepass_ms', float('nan')):.3f} | {r.get('kernel_ms', float('nan')):.3f} |"
+                     .replace("nan", "-"))
     return "\n".join(lines) + "\n"

@@ -1,0 +1,69 @@
+"""``fsattn bench``'s FlashAttention-3 baselines and ratios, on the CPU (FA3 through its CPU stand-in ``fake_fa3``)."""
+
+import math
+
+import fake_fa3
+import pytest
+import torch
+
+from fsattn_diffusers.measure import kernel_bench as kb
+from fsattn_diffusers.testing import exact_attention, relative_error
+
+
+def _inputs(b=2, h=3, s=160, d=64, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    return [torch.randn(b, h, s, d, generator=g).to(torch.bfloat16) for _ in range(3)]
+
+
+def test_fa3_callables_compute_attention_and_leave_inputs_alone(monkeypatch):
+    fake_fa3.install(monkeypatch)
+    q, k, v = _inputs()
+    before = [t.clone() for t in (q, k, v)]
+    scale = 1 / math.sqrt(q.shape[-1])
+    fns = kb.fa3_fns(q, k, v, scale)
+    ref = exact_attention(q, k, v, scale)[0]
+    bf16 = fns["fa3"]()
+    run, quantize, kernel = fns["fa3-fp8"]
+    fp8 = run()
+    e_bf16, e_fp8 = relative_error(bf16, ref), relative_error(fp8, ref)
+    print(f"fa3-bf16 err {e_bf16:.4f}, fa3-fp8 err {e_fp8:.4f}")
+    assert bf16.shape == fp8.shape == q.shape  # (B, H, S, D) views of FA3's BSHD output
+    assert e_bf16 < 1e-2 and 1e-3 < e_fp8 < 0.08  # FP8 operands: a few percent on N(0, 1)
+    assert torch.equal(kernel(), fp8)  # the timed halves compute the same call
+    parts = quantize()
+    assert [p[0].dtype for p in parts] == [torch.float8_e4m3fn] * 3 and parts[0][1].shape == (2, 3)
+    fp8_calls = [c for c in fake_fa3.CALLS if c["q_descale"] is not None]
+    assert fp8_calls and all(c["softmax_scale"] == scale for c in fake_fa3.CALLS)
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), before))
+
+
+def test_fa3_missing_gives_the_reason(monkeypatch):
+    monkeypatch.setattr("fsattn_diffusers.backends.fa3_backend.fa3_missing", lambda: "fa3_fwd_interface is absent")
+    assert kb.fa3_fns(*_inputs(), 0.125) == "fa3_fwd_interface is absent"
+
+
+def _row(method, ms):
+    return {"shape": [1, 24, 32768, 32768, 128], "method": method, "ms": ms, "tflops": 1.0, "rel_err": 0.05,
+            "cos": 0.998}
+
+
+def test_ratios_name_the_fastest_bf16_baseline():
+    rows = kb.add_ratios([_row("sdpa-cudnn", 12.0), _row("sdpa-flash", 13.0), _row("fa3-bf16", 10.0),
+                          _row("fa3-fp8", 8.0), _row("mxfp8", 7.5)])
+    ours = rows[-1]
+    print(ours)
+    assert ours["best_bf16"] == "fa3-bf16"
+    assert ours["speedup_vs_cudnn"] == pytest.approx(1.6)
+    assert ours["speedup_vs_best_bf16"] == pytest.approx(10 / 7.5)
+    assert ours["speedup_vs_fa3_fp8"] == pytest.approx(8 / 7.5)
+    md = kb.markdown({"date": "d", "command": "fsattn bench", "torch": "t", "cuda": "c", "triton": "3.6",
+                      "python": "3.12"}, rows)
+    assert "| vs FA3 FP8 |" in md and "1.333x (fa3-bf16)" in md and "1.067x" in md
+
+
+def test_ratios_without_a_baseline_are_absent_not_made_up():
+    rows = kb.add_ratios([_row("sdpa-flash", 13.0), _row("mxfp8", 6.5)])
+    assert rows[1]["speedup_vs_cudnn"] is None and rows[1]["speedup_vs_fa3_fp8"] is None
+    assert rows[1]["best_bf16"] == "sdpa-flash" and rows[1]["speedup_vs_best_bf16"] == pytest.approx(2.0)
+    md = kb.markdown({"date": "d", "command": "c", "torch": "t", "cuda": "c", "triton": "t", "python": "p"}, rows)
+    assert "| - | 2.000x (sdpa-flash) | - |" in md
