@@ -3,10 +3,10 @@ reference on the same GPU (harness, checks and tolerance rule: fsattn_diffusers.
 
 Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0), work cap
 ``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK). One line per case and the worst case per recipe
-go to ``FSATTN_FUZZ_LOG`` (default benchmarks/results/kernel_fuzz_gpu_latest.txt) and to stdout.
+go to stdout and, when set, to the file ``FSATTN_FUZZ_LOG``.
 ``FSATTN_FUZZ_SLICE=a:b`` runs cases a..b-1 of the same seeded list (on the H200 a case takes ~1-7 s, cold compiles
 included, so 300 cases need ~17 min: run them as slices in several device commands, each with its own log).
-Variants: kernels.ops.VARIANTS without ``ws`` (it hangs on the H200, Triton 3.6), plus ``api``: the
+Variants: kernels.ops.VARIANTS (``gluon_pingpong`` runs ``triton`` where it does not apply), plus ``api``: the
 public custom-op path (``kernels.ops.fused_attention``, the default variant) with the allocator poisoned.
 ``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1`` runs it on the CPU through Triton's interpreter (slow: use a
 few cases and a small work cap, e.g. ``FSATTN_FUZZ_CASES=9 FSATTN_FUZZ_MAX_WORK=16384``).
@@ -40,7 +40,6 @@ pytestmark = pytest.mark.gpu
 DEV = "cpu" if CPU_INTERPRET else "cuda"
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None)
 FUZZ_VARIANTS = VARIANTS + ("api",)
-ROOT = pathlib.Path(__file__).resolve().parents[1]
 
 
 def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
@@ -68,7 +67,7 @@ def test_kernel_fuzz():
     n = int(os.environ.get("FSATTN_FUZZ_CASES", "300"))
     seed = int(os.environ.get("FSATTN_FUZZ_SEED", "0"))
     cap = int(os.environ.get("FSATTN_FUZZ_MAX_WORK", str(MAX_WORK)))
-    log_path = pathlib.Path(os.environ.get("FSATTN_FUZZ_LOG", ROOT / "benchmarks/results/kernel_fuzz_gpu_latest.txt"))
+    log_path = pathlib.Path(os.environ.get("FSATTN_FUZZ_LOG", os.devnull))
     cases = generate_cases(n, RECIPES, FUZZ_VARIANTS, seed=seed, max_work=cap)
     first, _, last = os.environ.get("FSATTN_FUZZ_SLICE", f"0:{n}").partition(":")
     cases = cases[int(first):int(last or n)]
@@ -79,7 +78,8 @@ def test_kernel_fuzz():
     print(header)
     t0 = time.perf_counter()
     results = []
-    log_path.parent.mkdir(parents=True, exist_ok=True)
+    if str(log_path) != os.devnull:
+        log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "w") as log:
         log.write(header + "\n")
         for case in cases:

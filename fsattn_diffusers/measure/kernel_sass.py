@@ -2,10 +2,10 @@
 instruction counts of the steady-state key loop per thread and 128-key tile, for the Triton kernel
 (kernels/fused_attention.py) and the Gluon ping-pong kernel (kernels/fused_attention_gluon_pingpong.py).
 
-    python scripts/kernel_sass.py [--out DIR] [--only NAME,...] [--list]
+    python -m fsattn_diffusers.measure.kernel_sass [--out DIR] [--only NAME,...] [--list]
 
-Needs triton (3.6: ptxas and cuobjdump come in its wheel) and fsattn_diffusers importable with its kernels (an
-installed or editable package, or scripts/device_env.sh's layout). The loop is the backward branch enclosing the most
+Needs triton (3.6: ptxas and cuobjdump come in its wheel); no GPU. tests/test_kernel_compile.py compiles every
+configuration and checks it fits the register file without spills. The loop is the backward branch enclosing the most
 QGMMAs (one per partition in the Gluon kernel: both warpgroups' loops are listed, at their SASS address); "rare" is the
 largest forward-predicated span inside it holding MUFU (the gate's rollback), left out of the per-op counts
 ("steady" = loop - rare). Out-of-line mbarrier retry blocks lie outside the loop's address range and are not counted. --out writes NAME.{sass,ptx,ttgir} for each configuration.
@@ -144,21 +144,32 @@ def loops(sass: str):
                                         and f[1]["QGMMA"] > g[1]["QGMMA"] for g in found)] or found
 
 
-def report(name: str, kernel, out=None) -> list:
+def register_use(kernel):
+    """ptxas's (registers per thread, spill-store bytes) of a compiled kernel, one entry per function it reports."""
+    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", "-o", os.devnull, "-"],
+                           input=kernel.asm["ptx"], capture_output=True, text=True).stderr
+    return ([int(x) for x in re.findall(r"Used (\d+) registers", ptxas)],
+            [int(x) for x in re.findall(r"(\d+) bytes spill stores", ptxas)])
+
+
+def sass_text(kernel) -> str:
+    """cuobjdump's SASS listing of a compiled kernel."""
     with tempfile.NamedTemporaryFile(suffix=".cubin") as f:
         f.write(kernel.asm["cubin"])
         f.flush()
-        sass = subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
+        return subprocess.run([os.path.join(BIN, "cuobjdump"), "-sass", f.name], capture_output=True, text=True,
                               check=True).stdout
-    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", "-o", os.devnull, "-"],
-                           input=kernel.asm["ptx"], capture_output=True, text=True).stderr
+
+
+def report(name: str, kernel, out=None) -> list:
+    sass = sass_text(kernel)
+    regs, spills = register_use(kernel)
     if out:
         os.makedirs(out, exist_ok=True)
         for ext, text in (("sass", sass), ("ptx", kernel.asm["ptx"]), ("ttgir", kernel.asm["ttgir"])):
             with open(os.path.join(out, f"{name}.{ext}"), "w") as fh:
                 fh.write(text)
-    regs = ",".join(re.findall(r"Used (\d+) registers", ptxas))
-    spills = ",".join(re.findall(r"(\d+) bytes spill stores", ptxas))
+    regs, spills = ",".join(map(str, regs)), ",".join(map(str, spills))
     rows = []
     for start, loop, rare in loops(sass):
         total, n_rare = sum(loop.values()), sum(rare.values())
@@ -180,7 +191,7 @@ def main(argv=None) -> int:
     names = a.only.split(",") if a.only else list(CONFIGS)
     bad = [n for n in names if n not in CONFIGS]
     if bad:
-        print(f"kernel_sass.py: unknown configuration {', '.join(bad)}; accepted: {', '.join(CONFIGS)}", file=sys.stderr)
+        print(f"kernel_sass: unknown configuration {', '.join(bad)}; accepted: {', '.join(CONFIGS)}", file=sys.stderr)
         return 2
     print(f"sm_90a, triton {triton.__version__}; loop counts per thread and key tile, steady = loop - rare")
     print("| config | loop at | regs | spill bytes | shared | loop | steady | rare | " + " | ".join(KEYS) + " |")

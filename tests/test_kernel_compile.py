@@ -1,0 +1,22 @@
+"""Both attention kernels compile offline for sm_90a (Triton's bundled ptxas; no GPU) in every configuration of
+:mod:`fsattn_diffusers.measure.kernel_sass`, within the register file and without spills."""
+
+import pytest
+
+pytest.importorskip("triton")
+kernel_sass = pytest.importorskip("fsattn_diffusers.measure.kernel_sass")
+
+
+@pytest.mark.parametrize("name", list(kernel_sass.CONFIGS))
+def test_kernel_compiles_for_sm90a_without_spills(name):
+    fn, kwargs = kernel_sass.CONFIGS[name]
+    kernel = fn(**kwargs)
+    regs, spills = kernel_sass.register_use(kernel)
+    loops = kernel_sass.loops(kernel_sass.sass_text(kernel))
+    print(f"{name}: registers {regs}, spill-store bytes {spills}, shared {kernel.metadata.shared} B, "
+          f"key loops {[sum(body.values()) for _, body, _ in loops]} instructions")
+    assert regs and max(regs) <= 255
+    assert spills and max(spills) == 0
+    assert kernel.metadata.shared <= 227 * 1024  # an H100/H200 SM's shared memory per block
+    assert loops, "no key loop (a backward branch around the tensor-core GEMMs) in the SASS"
+
