@@ -57,10 +57,14 @@ class SM90Numerics(MI355XNumerics):
     def __init__(self, recipe: Recipe):
         from . import sm90_numerics as sm90
 
-        if not (recipe.frozen_max and recipe.exponential == "schraudolph" and recipe.proxy == "u16"
-                and recipe.p_format in sm90.P_SIGMA and recipe.qk_format.startswith("mx")):
-            raise ValueError(f"numerics='sm90' covers the Hopper kernel's recipes only (MX Q/K, Schraudolph U16, "
-                             f"frozen max, P fp8_row or mxfp6), got {recipe}; accepted: mxfp8, mxfp6, mxfp4")
+        schraudolph = recipe.exponential == "schraudolph" and recipe.proxy == "u16"
+        h15 = recipe.exponential == "rowmax_h15" and recipe.p_format == "fp8_row" and recipe.rollback
+        if not (recipe.frozen_max and (schraudolph or h15) and recipe.p_format in sm90.P_SIGMA
+                and recipe.qk_format.startswith("mx")):
+            raise ValueError(f"numerics='sm90' covers the Hopper kernel's recipes only (MX Q/K, frozen max, P fp8_row "
+                             f"or mxfp6, Schraudolph U16 or gated Rowmax-H15 with fp8_row P), got {recipe}; accepted: "
+                             f"mxfp8, mxfp6, mxfp4, mxfp8+exponential=rowmax_h15")
+        self._h15 = h15
         super().__init__(recipe)
         self._sm90 = sm90
         self.tile_m = self.tile_n = sm90.TILE
@@ -75,6 +79,8 @@ class SM90Numerics(MI355XNumerics):
         return torch.ceil(tile_max * 128.0) / 128.0
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        if self._h15:
+            return self._sm90.stage_a_h15(x, m, self.p_scale_log2)
         return self._sm90._stage_a(x, m, self.p_scale_log2, not self.recipe.rollback,
                                    f16=self.recipe.p_format == "fp8_row")
 

@@ -31,6 +31,14 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    clamped to 0, as E4M3 would round them. mxfp6 P keeps the BF16 proxy (its block scales are read from
    BF16 exponent fields).
 
+8. **Rowmax-H15 (``exponential="rowmax_h15"``, fp8_row P, gated).** Seed 2's exponential, ``n = rne(2 (X - m))``,
+   weight ``(1 + 0.5 (n mod 2)) 2^(n div 2)``, with ``m`` on difference 2's 1/128 grid. The kernel forms ``2X - 2m``
+   in one FMA and rounds it to the integer grid by adding 1.5 2^23 (the FMA's own fp32 rounding can move ``n`` only
+   when ``2X - 2m`` lies within 2^-23 relative of a half-integer). The weight times ``2^sigma`` is built from ``n``'s
+   bits (exponent ``n div 2 + sigma``, mantissa bit ``n mod 2``); its E4M3 rounding is the PV operand and the row
+   sum's term (exact down to 2^-8; below, E4M3's subnormal grid rounds). ``n`` is clamped at :data:`H15_MIN_N`
+   (masked keys give 0 after the rounding).
+
 The FP8 tensor cores' accumulation (and fp32 summation order) is not modeled: tests allow for it.
 """
 
@@ -57,6 +65,8 @@ D_BITS = 16249
 D_BITS_F16 = 15304
 #: Largest finite FP16 pattern (saturation of the FP16 proxy when no gate bounds P).
 F16_MAX_BITS = 0x7BFF
+#: Rowmax-H15 (difference 8): the clamp of ``n`` (2^-126, a normal fp32 weight).
+H15_MIN_N = -252
 
 
 def e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -121,6 +131,15 @@ def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: 
         return (t.to(torch.int64) & 0xFFFF).to(torch.int16).view(torch.float16).to(torch.float32)
     bits = (t.to(torch.int64) << 16).to(torch.int32)
     return bits.view(torch.float32)
+
+
+def stage_a_h15(x: torch.Tensor, m: torch.Tensor, sigma: int) -> torch.Tensor:
+    """Difference 8: Rowmax-H15's ``(1 + 0.5 (n mod 2)) 2^(n div 2 + sigma)``, ``n = rne(2 (X - m))`` clamped at
+    :data:`H15_MIN_N` (masked or NaN scores too); float32 (B, H, rows, keys) for ``x`` of that shape, ``m`` (..., rows)."""
+    n = torch.round(x.double() * 2.0 - m.double()[..., None] * 2.0)
+    n = torch.clamp(torch.nan_to_num(n, nan=H15_MIN_N, neginf=H15_MIN_N), min=H15_MIN_N)
+    half = torch.floor(n / 2.0)
+    return torch.ldexp(1.0 + 0.5 * (n - 2.0 * half), (half + sigma).to(torch.int32)).to(torch.float32)
 
 
 def mxfp6_p_scaled_e4m3(p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -37,6 +37,9 @@ F16_SHIFT = tl.constexpr(float(7 * int(MAGIC.value) + 8 * sm90_numerics.D_BITS -
 F16_MAX_BITS = tl.constexpr(float(sm90_numerics.F16_MAX_BITS))
 BF16_MAX_BITS = tl.constexpr(65535.0)
 LN2 = tl.constexpr(_LN2)
+# Rowmax-H15 (sm90_numerics difference 8): n's clamp and MAGIC's fp32 bits (f - MAGIC = n on the integer grid).
+H15_MIN_N = tl.constexpr(float(sm90_numerics.H15_MIN_N))
+MAGIC_BITS = tl.constexpr(0x4B400000)
 
 
 @triton.jit
@@ -50,6 +53,19 @@ def _stage_ab_f16(acc, s128, c, SATURATE: tl.constexpr, RNE_CVT: tl.constexpr):
     p = ((f.to(tl.int32, bitcast=True) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32)
     # E4M3 rounding in fp32 (exact, then the cast is exact): the sum is taken on these values rather than on
     # P8 cast back to fp32 (that form gave wrong, run-to-run varying results on the H200 in one of two suite runs).
+    p = round_elem(p, 3, -6, 448.0)
+    return p.to(tl.float8e4nv), tl.sum(p, axis=1)
+
+
+@triton.jit
+def _stage_ab_h15(acc, s2, c, H15_EXP: tl.constexpr, RNE_CVT: tl.constexpr):
+    """fp8_row P under Rowmax-H15 (sm90_numerics difference 8): ``2X - 2m`` in one FMA (``s2 = 2^(e+1)``,
+    ``c = -2m``), then MAGIC's addition rounds it half-even onto the integer grid of ``f``: ``n``, clamped at
+    H15_MIN_N (masked and NaN scores too). ``(1 + 0.5 (n mod 2)) 2^(n div 2 + sigma)`` is built from n's bits
+    (``H15_EXP = 127 + sigma``) and rounded to E4M3 in fp32 (exact down to 2^-8) for the PV operand and the row sum."""
+    f = tl.maximum((acc * s2 + c[:, None]) + MAGIC, MAGIC + H15_MIN_N)
+    n = f.to(tl.int32, bitcast=True) - MAGIC_BITS
+    p = ((((n >> 1) + H15_EXP) << 23) | ((n & 1) << 22)).to(tl.float32, bitcast=True)
     p = round_elem(p, 3, -6, 448.0)
     return p.to(tl.float8e4nv), tl.sum(p, axis=1)
 
@@ -105,7 +121,7 @@ def _block_max(acc, BM: tl.constexpr, BN: tl.constexpr):
 
 @triton.jit
 def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr,
-                    RNE_CVT: tl.constexpr):
+                    RNE_CVT: tl.constexpr, H15: tl.constexpr = False, H15_EXP: tl.constexpr = 0):
     """Stage-A + Stage-B of the gated kernel (the gate keeps every proxy pattern in range).
 
     fp8_row: as :func:`_stage_ab_ungated` without the saturation. mxfp6 P: the block maximum of the 16-bit proxy patterns is taken on ``acc``
@@ -145,6 +161,8 @@ def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN
         part = tl.sum(tl.sum(tl.sum(e16, axis=5, keep_dims=True), axis=3, keep_dims=True), axis=2, keep_dims=True)
         w = part.to(tl.float32) * ((kexp + 127) << 23).to(tl.float32, bitcast=True)
         psum = tl.sum(tl.sum(tl.sum(tl.sum(tl.sum(w, axis=5), axis=3), axis=2), axis=1), axis=1)  # lanes last
+    elif H15:
+        p8, psum = _stage_ab_h15(acc, s128, c, H15_EXP, RNE_CVT)
     else:
         p8, psum = _stage_ab_f16(acc, s128, c, False, RNE_CVT)
     return p8, psum
@@ -152,10 +170,12 @@ def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN
 
 @triton.jit
 def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, GATE: tl.constexpr, P_MX: tl.constexpr,
-                BM: tl.constexpr, BN: tl.constexpr, RNE_CVT: tl.constexpr):
-    """Lines 15-18 of Algorithm 1 for one key tile: Stage-A/B, the row sum and the PV GEMM."""
+                BM: tl.constexpr, BN: tl.constexpr, RNE_CVT: tl.constexpr, H15: tl.constexpr = False,
+                H15_EXP: tl.constexpr = 0):
+    """Lines 15-18 of Algorithm 1 for one key tile: Stage-A/B, the row sum and the PV GEMM. ``s128`` is the
+    Stage-A scale ``2^(e+7)`` (Rowmax-H15: ``2^(e+1)``)."""
     if GATE:
-        p8, psum = _stage_ab_gated(acc, bmax, s128, c, P_MX, BM, BN, RNE_CVT)
+        p8, psum = _stage_ab_gated(acc, bmax, s128, c, P_MX, BM, BN, RNE_CVT, H15, H15_EXP)
     else:
         p8, psum = _stage_ab_ungated(acc, s128, c, P_MX, BM, BN, RNE_CVT)
     l += psum
@@ -176,7 +196,8 @@ def _add_bias(acc, bias_ptrs, e_t, HAS_BIAS: tl.constexpr):
 @triton.jit
 def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
-          P_MX: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr, bias_ptrs=None, HAS_BIAS: tl.constexpr = False):
+          P_MX: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr, bias_ptrs=None, HAS_BIAS: tl.constexpr = False,
+          H15: tl.constexpr = False, H15_EXP: tl.constexpr = 0):
     """One steady-state key tile (lines 6-18 of Algorithm 1)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
@@ -197,13 +218,19 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
         if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13)
             delta = tl.where(fire, tl.math.ceil(amax * pow2(e_t) - m), 0.0)
             m = m + delta
-            c = c - 128.0 * delta
+            if H15:
+                c = c - 2.0 * delta  # c = -2m
+            else:
+                c = c - 128.0 * delta
             down = tl.exp2(-delta)
             o = o * down[:, None]
             l = l * down
             nrows += tl.sum((fire & row_ok).to(tl.int32), axis=0)
             ntiles += 1
-    o, l = _accumulate(acc, bmax, pow2(e_t + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
+    if H15:
+        o, l = _accumulate(acc, bmax, pow2(e_t + 1), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15, H15_EXP)
+    else:
+        o, l = _accumulate(acc, bmax, pow2(e_t + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
     return o, l, m, c, nrows, ntiles
 
 
@@ -213,7 +240,8 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_KVL: tl.constexpr,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
                       SIGMA: tl.constexpr, NUM_STAGES: tl.constexpr, RNE_CVT: tl.constexpr,
-                      BIAS=None, HAS_BIAS: tl.constexpr = False):
+                      BIAS=None, HAS_BIAS: tl.constexpr = False, H15: tl.constexpr = False,
+                      H15_EXP: tl.constexpr = 0):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -245,21 +273,28 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         acc = _add_bias(acc, bias_ptrs, e0, HAS_BIAS)
         acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
-        c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
+        if H15:
+            c = -2.0 * m
+        else:
+            c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         bmax0 = acc
         if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
-        o, l = _accumulate(acc, bmax0, pow2(e0 + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
+        if H15:
+            o, l = _accumulate(acc, bmax0, pow2(e0 + 1), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15, H15_EXP)
+        else:
+            o, l = _accumulate(acc, bmax0, pow2(e0 + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
                                               vt_ptrs + t * BN, KE_row, t, n_keys, row_ok, BN, False,
-                                              GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS)
+                                              GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15,
+                                              H15_EXP)
         if (n_full >= 1) & (n_full * BN < n_keys):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + n_full * BN * D,
                                               vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok,
                                               BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + n_full * BN,
-                                              HAS_BIAS)
+                                              HAS_BIAS, H15, H15_EXP)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

@@ -26,7 +26,8 @@ NUM_STAGES = 3
 #   the PV GEMM of tile j-1, the row sum on the tensor cores. H200, paper shape, kernel-only: ~945 TFLOP/s.
 # "triton": kernels/fused_attention.py, two warpgroups on one 128-row tile in triton.language, mxfp6 P's Stage-B by
 #   a scaled E4M3 conversion, P's key columns in the FP8 A-fragment order. It runs every recipe the other does not
-#   (mxfp6/mxfp4 P, no gate) and under the interpreter. H200, paper shape: mxfp8 ~795, mxfp6/mxfp4 ~632 TFLOP/s.
+#   (mxfp6/mxfp4 P, no gate, Rowmax-H15) and under the interpreter. H200, paper shape: mxfp8 ~795, mxfp6/mxfp4 ~632
+#   TFLOP/s.
 # Both give the same values up to the row sum's summation order (tests/test_kernel_gpu.py).
 GLUON_PINGPONG = "gluon_pingpong"
 TRITON = "triton"
@@ -36,11 +37,12 @@ PP_STAGES = 4
 
 
 def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
-    """The variant that runs ``plan``: "gluon_pingpong" covers gated fp8_row P (mxfp8) on a GPU, else "triton"."""
+    """The variant that runs ``plan``: "gluon_pingpong" covers gated fp8_row P with Schraudolph's exponential (mxfp8)
+    on a GPU, else "triton"."""
     variant = variant or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    if variant == GLUON_PINGPONG and (plan.p_mxfp6 or not plan.gate or INTERPRET):
+    if variant == GLUON_PINGPONG and (plan.p_mxfp6 or not plan.gate or plan.h15 or INTERPRET):
         return TRITON
     return variant
 
@@ -107,7 +109,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
-        NUM_STAGES=num_stages, RNE_CVT=INTERPRET, BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None,
+        NUM_STAGES=num_stages, RNE_CVT=INTERPRET, H15=plan.h15, H15_EXP=127 + plan.p_sigma,
+        BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None,
         num_warps=num_warps)
 
 

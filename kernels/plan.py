@@ -64,6 +64,7 @@ class KernelPlan:
     hadamard_signs: bool = False  # rotate by H diag(s) (hadamard.rotation_signs)
     smooth_k: bool = False  # the pre-pass subtracts K's token mean (smoothing.token_mean)
     smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the per-key bias q_mean . k_j
+    h15: bool = False  # Rowmax-H15 exponential (sm90_numerics difference 8) instead of Schraudolph's
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -92,8 +93,13 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
         return f"v_format {recipe.v_format!r} (the Triton kernel takes fp8_tensor, mxfp6, mxfp4)"
     if recipe.p_format not in ("fp8_row", "mxfp6"):
         return f"p_format {recipe.p_format!r} (the Triton kernel takes fp8_row, mxfp6)"
-    if recipe.exponential != "schraudolph" or recipe.proxy != "u16":
-        return f"exponential {recipe.exponential}/{recipe.proxy} (the Triton kernel is Schraudolph U16)"
+    if recipe.exponential == "rowmax_h15":
+        if recipe.p_format != "fp8_row" or not recipe.rollback:
+            return ("Rowmax-H15 with p_format {!r}, rollback {} (the Triton kernel runs it with fp8_row P and the "
+                    "rollback gate)".format(recipe.p_format, recipe.rollback))
+    elif recipe.exponential != "schraudolph" or recipe.proxy != "u16":
+        return (f"exponential {recipe.exponential}/{recipe.proxy} (the Triton kernel takes Schraudolph U16 or "
+                f"Rowmax-H15)")
     if not recipe.frozen_max:
         return "a running maximum (the Triton kernel freezes the maximum, Section 4.1)"
     if recipe.p_scale_rule not in (None, "floor") and recipe.p_format == "mxfp6":
@@ -122,6 +128,7 @@ def plan_for(recipe) -> KernelPlan:
         hadamard_signs=recipe.hadamard_signs,
         smooth_k=recipe.smooth_k,
         smooth_q=recipe.smooth_q,
+        h15=recipe.exponential == "rowmax_h15",
     )
 
 

@@ -29,7 +29,7 @@ triton = pytest.importorskip("triton")
 
 from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.measure.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case, summary_lines  # noqa: E402
-from fsattn_diffusers.recipe import PRESETS  # noqa: E402
+from fsattn_diffusers.recipe import PRESETS, get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset  # noqa: E402
 
 from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, effective_variant,  # noqa: E402
@@ -38,12 +38,14 @@ from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: 
 
 pytestmark = pytest.mark.gpu
 DEV = "cpu" if CPU_INTERPRET else "cuda"
-RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None)
+#: Every preset the kernels run, and Rowmax-H15 (the kernels' second exponential).
+RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
+                ) + ("mxfp8+exponential=rowmax_h15",)
 FUZZ_VARIANTS = VARIANTS + ("api",)
 
 
 def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
-    plan = plan_for(PRESETS[recipe])
+    plan = plan_for(get_recipe(recipe))
     if variant == "api":
         if DEV == "cuda":
             torch.full((64 << 20,), float("nan"), device=DEV)  # freed at once: torch.empty hands back NaN
@@ -59,7 +61,7 @@ def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
 
 
 def reference(q, k, v, recipe, scale, kv):
-    out, lse, _ = sm90_reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
+    out, lse, _ = sm90_reference_attention(q, k, v, get_recipe(recipe), scale=scale, kv_lens=kv)
     return out, lse
 
 
@@ -84,7 +86,7 @@ def test_kernel_fuzz():
         log.write(header + "\n")
         for case in cases:
             r = run_case(case, kernel, reference, DEV)
-            runs = effective_variant(None if case.variant == "api" else case.variant, plan_for(PRESETS[case.recipe]))
+            runs = effective_variant(None if case.variant == "api" else case.variant, plan_for(get_recipe(case.recipe)))
             line = case_line(r) + f" (runs {runs})"
             results.append(r)
             print(line, flush=True)

@@ -4,9 +4,12 @@ import pytest
 import torch
 
 from fsattn_diffusers import sm90_numerics
-from fsattn_diffusers.emulator import sm90_reference_attention
-from fsattn_diffusers.emulator import emulate_attention
-from fsattn_diffusers.recipe import PRESETS
+from fsattn_diffusers.emulator import emulate_attention, sm90_reference_attention
+from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason
+from fsattn_diffusers.recipe import PRESETS, get_recipe
+from fsattn_diffusers.testing import exact_attention, relative_error, within_kernel_rule
+
+H15 = "mxfp8+exponential=rowmax_h15"
 
 
 def test_sm90_reference_tracks_the_emulator_and_carries_mx_exactly():
@@ -79,3 +82,44 @@ def test_padded_keys_do_not_change_the_sm90_reference():
         a = sm90_reference_attention(q, k, v, PRESETS[name], scale=0.125, kv_lens=kv)[0]
         b_ = sm90_reference_attention(q, k2, v2, PRESETS[name], scale=0.125, kv_lens=kv)[0]
         assert torch.equal(a, b_), name
+
+
+def test_h15_stage_a_is_seed_2s_weight_times_p_scale():
+    """Difference 8: n = rne(2 (X - m)) (half-even), (1 + 0.5 (n mod 2)) 2^(n div 2 + sigma), n >= H15_MIN_N;
+    masked (-inf) and NaN scores take the clamp (their E4M3 is 0)."""
+    m = torch.tensor([[0.5]])
+    x = torch.tensor([[[0.5, 0.25, 0.75, -0.25, -1.0, 1.5, -200.0, float("-inf"), float("nan")]]])
+    p = sm90_numerics.stage_a_h15(x, m, sigma=4)
+    # 2 (x - m) = 0, -0.5 -> 0 (even), 0.5 -> 0, -1.5 -> -2, -3, 2, -401 -> -252 (clamp), clamp, clamp
+    want = [16.0, 16.0, 16.0, 8.0, 1.5 * 2 ** -2 * 16, 32.0, 2.0 ** (-126 + 4), 2.0 ** (-126 + 4), 2.0 ** (-126 + 4)]
+    print(p.tolist())
+    assert p.dtype == torch.float32 and p[0, 0].tolist() == want
+    assert torch.all(sm90_numerics.e4m3(p[..., 6:]) == 0)
+
+
+def test_h15_kernel_semantics_track_the_paper_semantics():
+    """The sm90 Rowmax-H15 (reference on the 1/128 grid, the gate at 2^4) keeps the MI355X semantics' error: within
+    the kernel rule on Gaussian inputs, about seed 2's 11% (S = 4096 in the seed; 1024 keys here)."""
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 1024, 128, generator=g).bfloat16() for _ in range(3))
+    ref = exact_attention(q, k, v)[0]
+    e_paper = relative_error(emulate_attention(q, k, v, get_recipe(H15), scale=128 ** -0.5)[0], ref)
+    out, lse, st = sm90_reference_attention(q, k, v, get_recipe(H15), scale=128 ** -0.5)
+    e_sm90 = relative_error(out, ref)
+    e_schraudolph = relative_error(sm90_reference_attention(q, k, v, PRESETS["mxfp8"], scale=128 ** -0.5)[0], ref)
+    print(f"Rowmax-H15: MI355X semantics {e_paper:.4f}, sm90 {e_sm90:.4f}; Schraudolph sm90 {e_schraudolph:.4f}")
+    assert 0.08 < e_paper < 0.14 and within_kernel_rule(e_sm90, e_paper) and within_kernel_rule(e_paper, e_sm90)
+    assert e_schraudolph < e_sm90  # the cheaper exponential costs accuracy
+    assert torch.isfinite(lse).all()
+
+
+def test_h15_kernel_recipes_and_refusals():
+    assert plan_for(get_recipe(H15)).h15 and not plan_for(PRESETS["mxfp8"]).h15
+    assert unsupported_reason(get_recipe(H15), 128) is None
+    why = unsupported_reason(get_recipe("mxfp6+exponential=rowmax_h15"), 128)
+    print(why)
+    assert "fp8_row P and the rollback gate" in why
+    assert "fp8_row P and the rollback gate" in unsupported_reason(get_recipe(H15 + "+rollback=False"), 128)
+    with pytest.raises(ValueError, match="gated Rowmax-H15"):
+        emulate_attention(*(torch.zeros(1, 1, 32, 32) for _ in range(3)),
+                          get_recipe("mxfp6+exponential=rowmax_h15+numerics=sm90"), scale=1.0)

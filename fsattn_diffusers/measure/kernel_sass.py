@@ -28,7 +28,7 @@ from triton.compiler import ASTSource
 
 from fsattn_diffusers.kernels import ops
 from fsattn_diffusers.kernels.plan import plan_for
-from fsattn_diffusers.recipe import PRESETS
+from fsattn_diffusers.recipe import get_recipe
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 TARGET = GPUTarget("cuda", 90, 32)
@@ -65,15 +65,21 @@ def _signature(fn, types: dict, const: dict):
 
 
 def _recipe_constants(recipe: str) -> dict:
-    plan = plan_for(PRESETS[recipe])
+    plan = plan_for(get_recipe(recipe))
     return dict(GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), P_MX=plan.p_mxfp6)
+
+
+def _triton_constants(recipe: str) -> dict:
+    plan = plan_for(get_recipe(recipe))
+    extra = dict(H15=True, H15_EXP=127 + plan.p_sigma) if plan.h15 else {}
+    return dict(_recipe_constants(recipe), **extra)
 
 
 def compile_triton(recipe="mxfp8", d=128, num_warps=ops.NUM_WARPS, stages=ops.NUM_STAGES, **const):
     from fsattn_diffusers.kernels.fused_attention import fsattn_fwd_kernel
 
     c = dict(D=d, BM=ops.BLOCK_M, BN=ops.BLOCK_N, HAS_KVL=False, WRITE_LSE=False, NUM_STAGES=stages, RNE_CVT=False,
-             **_recipe_constants(recipe))
+             **_triton_constants(recipe))
     c.update(const)
     sig, constexprs, attrs = _signature(fsattn_fwd_kernel, TYPES, c)
     src = ASTSource(fn=fsattn_fwd_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -107,6 +113,7 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8_d64": (compile_triton, dict(d=64)),
     "triton_mxfp6": (compile_triton, dict(recipe="mxfp6")),
     "triton_mxfp8_nogate": (compile_triton, dict(GATE=False)),
+    "triton_mxfp8_rowmax_h15": (compile_triton, dict(recipe="mxfp8+exponential=rowmax_h15")),
     "gluon_pingpong": (compile_gluon, {}),
     "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
