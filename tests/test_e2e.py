@@ -20,7 +20,7 @@ def test_e2e_harness_times_every_policy(make, scale):
                for p in ("bf16", "mxfp6", "mxfp4")}
     table = e2e.summarize(results)
     print(table)
-    assert set(table) == {"bf16", "mxfp6", "mxfp4", "hybrid"}
+    assert set(table) == {"bf16", "mxfp6", "mxfp4", "hybrid (projected)"}
     assert table["bf16"]["speedup"] == 1.0 and all(r["step_s"] > 0 for r in table.values())
     assert results["bf16"]["rollback_rate"] is None and results["mxfp6"]["rollback_rate"] == 0.0
     assert 0 < results["mxfp6"]["attention_share"] < 1
@@ -32,3 +32,25 @@ def test_e2e_harness_times_every_policy(make, scale):
 def test_paper_shapes():
     assert e2e.image_tokens(e2e.wan22_spec()) == 75600
     assert e2e.image_tokens(e2e.hunyuan_spec()) == 118800
+
+
+def test_a_real_hybrid_run_switches_recipes_by_step():
+    """``run_schedule`` times one real run: every step's calls use the plan's recipe (mxfp6 on the first and last 3
+    of 20 steps here with 8 steps: apportioned), the stock processors come back, and summarize reports it."""
+    from fsattn_diffusers.integration.policy import get_policy
+
+    spec = e2e.wan22_spec(frames=5, height=64, width=64, scale=TINY_WAN)
+    model = e2e.build_transformer(spec, "cpu", dtype=torch.float32)
+    inputs = e2e.make_inputs(spec, "cpu", dtype=torch.float32)
+    stock = {k: type(v) for k, v in model.attn_processors.items()}
+    run = e2e.run_schedule(model, inputs, spec, "hybrid", steps=8, warmup=1, backend="emulator")
+    print(run["plan"], run["ran"], run["fallback_calls"])
+    assert run["plan"] == get_policy("hybrid").plan_names(8)
+    assert set(run["plan"]) == {"mxfp6", "mxfp4"} and run["plan"][0] == run["plan"][-1] == "mxfp6"
+    assert run["ran"] == [[name] for name in run["plan"]] and run["fallback_calls"] == 0
+    assert len(run["step_seconds"]) == 8 and run["total_s"] == pytest.approx(sum(run["step_seconds"]))
+    assert {k: type(v) for k, v in model.attn_processors.items()} == stock
+    bf16 = e2e.run_policy(model, inputs, spec, "bf16", steps=1, warmup=0)
+    table = e2e.summarize({"bf16": bf16}, schedules={"hybrid": run})
+    assert table["hybrid"]["speedup"] == pytest.approx(bf16["step_median_s"] / run["step_mean_s"])
+    assert "real 8-step run" in table["hybrid"]["note"]

@@ -95,7 +95,7 @@ def table_lines(doc: dict) -> List[str]:
             errs = "-" if mt.get("e_sharded") is None else \
                 f"{_fmt(mt.get('e_single'), '.3e')} -> {mt['e_sharded']:.3e}"
             ok = {True: "yes", False: "**NO**", None: "-"}[mt.get("ok")]
-            name = f"{p} (projected)" if p == "hybrid" else p
+            name = p
             share = None if row["attention_share"] is None else 100 * row["attention_share"]
             lines.append(f"| {row['gpus']} | {'-' if setting == '1gpu' else setting} | {name} | "
                          f"{_fmt(row['step_s'])} | {_fmt(row['projected_s'], '.1f')} | "

@@ -50,8 +50,9 @@ def markdown(doc: dict) -> str:
     lines += ["", f"Step = median of the timed denoising steps ({meta['spec']['calls_per_step']} transformer "
               f"forward(s) each, random weights, text encoder / VAE / scheduler excluded); {PAPER_STEPS} steps = "
               f"{PAPER_STEPS} x step. Speedup = baseline step / policy step, same run and configuration."]
-    if "hybrid" in summary:
-        lines.append(f"hybrid: {summary['hybrid'].get('note', '')}.")
+    for name, row in summary.items():
+        if row.get("note"):
+            lines.append(f"{name}: {row['note']}.")
     compiled = {p: r.get("compile") for p, r in doc.get("results", {}).items() if r.get("compile")}
     if compiled:
         lines.append("Compile: " + "; ".join(
