@@ -62,11 +62,16 @@ def _stage_ab_h15(acc, s2, c, H15_EXP: tl.constexpr, RNE_CVT: tl.constexpr):
     """fp8_row P under Rowmax-H15 (sm90_numerics difference 8): ``2X - 2m`` in one FMA (``s2 = 2^(e+1)``,
     ``c = -2m``), then MAGIC's addition rounds it half-even onto the integer grid of ``f``: ``n``, clamped at
     H15_MIN_N (masked and NaN scores too). ``(1 + 0.5 (n mod 2)) 2^(n div 2 + sigma)`` is built from n's bits
-    (``H15_EXP = 127 + sigma``) and rounded to E4M3 in fp32 (exact down to 2^-8) for the PV operand and the row sum."""
+    (``H15_EXP = 127 + sigma``) after its E4M3 rounding, done on n, so the cast to E4M3 is exact; the row sum
+    adds the same values."""
     f = tl.maximum((acc * s2 + c[:, None]) + MAGIC, MAGIC + H15_MIN_N)
     n = f.to(tl.int32, bitcast=True) - MAGIC_BITS
+    # E4M3 rounding on n: 2^j and 1.5 * 2^j are exact down to 2^-9 and 1.5 * 2^-8 (j = n div 2 + sigma); with
+    # n9 the n of 2^-9, 1.5 * 2^-9 (n9 + 1) and 1.5 * 2^-10 (n9 - 1) round up one step, 2^-10 and below to 0.
+    n9 = 2 * (118 - H15_EXP)  # 2 * (-9 - sigma)
+    n = tl.where((n == n9 - 1) | (n == n9 + 1), n + 1, n)
     p = ((((n >> 1) + H15_EXP) << 23) | ((n & 1) << 22)).to(tl.float32, bitcast=True)
-    p = round_elem(p, 3, -6, 448.0)
+    p = tl.where(n < n9 - 1, 0.0, p)
     return p.to(tl.float8e4nv), tl.sum(p, axis=1)
 
 

@@ -24,7 +24,8 @@ if not CPU_INTERPRET:
         pytest.skip("needs a CUDA GPU", allow_module_level=True)
     if torch.cuda.get_device_capability()[0] < 9:
         pytest.skip("needs sm_90+", allow_module_level=True)
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+import triton.language as tl  # noqa: E402
 
 import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers import sm90_numerics  # noqa: E402
@@ -35,6 +36,7 @@ from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 from fsattn_diffusers.testing import (KERNEL_ATOL, KERNEL_FACTOR, errors_agree, exact_attention,  # noqa: E402
                                       within_kernel_rule)
 
+from fsattn_diffusers.kernels.fused_attention import _stage_ab_h15  # noqa: E402
 from fsattn_diffusers.kernels.ops import attention_from_operands, fused_attention, prepass  # noqa: E402
 from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
 
@@ -395,3 +397,37 @@ def test_fused_rope_equals_the_torch_rope(shape):
     assert got.shape == want.shape and got.is_contiguous()
     assert torch.equal(x, x_before), "the input must not be modified"
     assert bad == 0
+
+
+@triton.jit
+def _h15_probe(X, P, S, C, H15_EXP: tl.constexpr, RNE: tl.constexpr):
+    """Rowmax-H15 Stage-A/B of the triton kernel on a (16, 128) tile of 2X (scale 1) with c = -2m per row."""
+    r = tl.arange(0, 16)[:, None]
+    k = tl.arange(0, 128)[None, :]
+    acc = tl.load(X + r * 128 + k)
+    c = tl.load(C + tl.arange(0, 16))
+    p8, psum = _stage_ab_h15(acc, 1.0, c, H15_EXP, RNE)
+    tl.store(P + r * 128 + k, p8.to(tl.float32))
+    tl.store(S + tl.arange(0, 16), psum)
+
+
+def test_h15_stage_ab_is_the_e4m3_of_the_reference_weight_for_every_n():
+    """The kernel's Rowmax-H15 Stage-A/B (E4M3 rounding done on n) against sm90_numerics' weight then E4M3, for every
+    n from the clamp to the gate's top (2 (X - m) = -250 .. 6 in 1/8 steps, 8, -300, -inf; NaN on a GPU)."""
+    sigma = 4  # fp8_row P (kernels.plan.P_SIGMA_FP8)
+    x = (torch.arange(16 * 128, dtype=torch.float32) * 0.125 - 250.0).reshape(16, 128)  # 2X - 2m = -250 .. 5.875
+    x[0, 0], x[0, 2], x[15, 127] = float("-inf"), -300.0, 8.0  # the clamp; the gate's top
+    if not CPU_INTERPRET:  # a GPU's max drops NaN (masked keys of gluon_pingpong); the interpreter's numpy keeps it
+        x[0, 1] = float("nan")
+    m = torch.full((16,), 0.0)
+    # the kernel forms 2X - 2m with s2 = 1: pass 2X as acc and c = -2m
+    p = torch.empty(16, 128, device=DEV)
+    ps = torch.empty(16, device=DEV)
+    _h15_probe[(1,)](x.to(DEV), p, ps, (-2.0 * m).to(DEV), H15_EXP=127 + sigma, RNE=CPU_INTERPRET)
+    want = sm90_numerics.e4m3(sm90_numerics.stage_a_h15(x / 2.0, m, sigma))
+    diff = (p.cpu() != want).nonzero().tolist()
+    bad = len(diff)
+    print("differing (row, key):", diff[:8])
+    print(f"Rowmax-H15 Stage-B: {bad} of {want.numel()} differ; row sums max |diff| "
+          f"{float((ps.cpu() - want.sum(-1)).abs().max()):.2e}")
+    assert bad == 0 and torch.allclose(ps.cpu(), want.sum(-1), rtol=1e-6, atol=0)
