@@ -223,19 +223,14 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
         if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13)
             delta = tl.where(fire, tl.math.ceil(amax * pow2(e_t) - m), 0.0)
             m = m + delta
-            if H15:
-                c = c - 2.0 * delta  # c = -2m
-            else:
-                c = c - 128.0 * delta
+            c = c - (2.0 if H15 else 128.0) * delta  # c's step per doubling of m: Stage-A's grid
             down = tl.exp2(-delta)
             o = o * down[:, None]
             l = l * down
             nrows += tl.sum((fire & row_ok).to(tl.int32), axis=0)
             ntiles += 1
-    if H15:
-        o, l = _accumulate(acc, bmax, pow2(e_t + 1), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15, H15_EXP)
-    else:
-        o, l = _accumulate(acc, bmax, pow2(e_t + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
+    o, l = _accumulate(acc, bmax, pow2(e_t + (1 if H15 else 7)), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15,
+                       H15_EXP)
     return o, l, m, c, nrows, ntiles
 
 
@@ -285,10 +280,8 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         bmax0 = acc
         if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
-        if H15:
-            o, l = _accumulate(acc, bmax0, pow2(e0 + 1), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15, H15_EXP)
-        else:
-            o, l = _accumulate(acc, bmax0, pow2(e0 + 7), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT)
+        o, l = _accumulate(acc, bmax0, pow2(e0 + (1 if H15 else 7)), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT,
+                           H15, H15_EXP)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
