@@ -46,9 +46,9 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from . import e2e
-from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder,  # noqa: F401 (xdit_scaling, tests)
-                                _fmt, _log, _versions, summarize, table_lines, to_markdown)
-from .parallel_check import GLOO_LOOPBACK_ENV, RELATIVE_TOLERANCE, _parallel_config, _wire_context_parallel
+from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _fmt, _log, _versions,
+                                run_meta, to_markdown)
+from .parallel_check import RELATIVE_TOLERANCE, gloo_loopback, _parallel_config, _wire_context_parallel
 
 #: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
 NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -318,12 +318,7 @@ def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> Non
                f"weights and inputs identical on all {world} ranks")
     rec = None
     if rank == 0:
-        meta = dict(opts["meta"], devices=[torch.cuda.get_device_name(i) for i in range(world)] if cuda
-                    else ["cpu"] * world, weights_identical=True,
-                    spec={"name": spec.name, "latent": list(spec.latent), "tokens": e2e.image_tokens(spec),
-                          "text_tokens": spec.text_tokens, "calls_per_step": spec.calls_per_step,
-                          "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.config.items()}})
-        rec = Recorder(meta, opts["json"], opts["md"])
+        rec = Recorder(run_meta(opts, spec, world, cuda), opts["json"], opts["md"])
         rec.write()
 
     # 1 GPU: policies split over the ranks, no communication.
@@ -363,10 +358,7 @@ def run(opts: dict, body=None) -> None:
     import torch.multiprocessing as mp
 
     os.environ.update(NVLS_ENV)
-    if opts["device"] != "cuda":
-        for name, value in GLOO_LOOPBACK_ENV.items():
-            os.environ.setdefault(name, value)
-    with tempfile.TemporaryDirectory() as tmp:
+    with gloo_loopback(opts["device"]), tempfile.TemporaryDirectory() as tmp:
         mp.spawn(_worker, args=(opts["world"], tmp, opts, body), nprocs=opts["world"], join=True)
 
 

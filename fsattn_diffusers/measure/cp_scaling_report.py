@@ -22,6 +22,16 @@ BF16_TOLERANCE = 1e-2
 #: Absolute floor of the quantized rule (together with the measured stock-attention sharding error).
 ABSOLUTE_FLOOR = 1e-3
 
+def run_meta(opts: dict, spec, world: int, cuda: bool) -> dict:
+    """The run's ``meta``: the command's ``opts["meta"]`` plus the devices and the model spec (weights and inputs
+    were checked identical on every rank before this is written)."""
+    return dict(opts["meta"], devices=[torch.cuda.get_device_name(i) for i in range(world)] if cuda
+                else ["cpu"] * world, weights_identical=True,
+                spec={"name": spec.name, "latent": list(spec.latent), "tokens": e2e.image_tokens(spec),
+                      "text_tokens": spec.text_tokens, "calls_per_step": spec.calls_per_step,
+                      "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.config.items()}})
+
+
 def summarize(runs: List[dict], world: int) -> Dict[str, Dict[str, dict]]:
     """Per setting (``1gpu``, then each mode): e2e's table (step, 20-step projection, speedup over bf16 of the
     same setting, hybrid projection) plus ``scaling`` (1-GPU step / N-GPU step) and the match row."""

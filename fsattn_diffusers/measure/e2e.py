@@ -184,14 +184,16 @@ def _sync(cuda: bool) -> None:
         torch.cuda.synchronize()
 
 
-def time_steps(model, inputs, spec: ModelSpec, steps: int, cuda: bool) -> List[float]:
-    """Wall seconds of ``steps`` denoising steps (``calls_per_step`` forwards each, device-synchronized)."""
+def time_steps(model, inputs, spec: ModelSpec, steps: int, cuda: bool,
+               timestep: Callable[[int], float] = lambda i: 999.0 - 37.0 * i) -> List[float]:
+    """Wall seconds of ``steps`` denoising steps (``calls_per_step`` forwards each at ``timestep(i)``,
+    device-synchronized)."""
     out = []
     for i in range(steps):
         _sync(cuda)
         t0 = time.perf_counter()
         for _ in range(spec.calls_per_step):
-            model(**inputs(999.0 - 37.0 * i))
+            model(**inputs(timestep(i)))
         _sync(cuda)
         out.append(time.perf_counter() - t0)
     return out
@@ -292,14 +294,7 @@ def run_schedule(model, inputs, spec: ModelSpec, policy: str = "hybrid", steps: 
         handle = apply(model, policy=policy, backend=backend, record=True)
         try:
             handle.tracker.begin_run(steps)
-            secs = []
-            for i in range(steps):
-                _sync(cuda)
-                t0 = time.perf_counter()
-                for _ in range(spec.calls_per_step):
-                    model(**inputs(999.0 * (1.0 - i / steps)))
-                _sync(cuda)
-                secs.append(time.perf_counter() - t0)
+            secs = time_steps(model, inputs, spec, steps, cuda, timestep=lambda i: 999.0 * (1.0 - i / steps))
             records = list(handle.records)
         finally:
             remove(model)

@@ -24,7 +24,6 @@ import torch
 
 from ..testing import KERNEL_ATOL, KERNEL_FACTOR, exact_attention, within_kernel_rule
 
-TOL_FACTOR, TOL_ATOL = KERNEL_FACTOR, KERNEL_ATOL
 REL_REF_MAX = 2e-2
 #: LSE against the sm90 reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
 #: of a score can land on the neighbouring E4M3 value of P (one step, 2^-3 relative). In a row dominated by one key that
@@ -180,7 +179,7 @@ def run_case(case: Case, kernel: KernelFn, reference: ReferenceFn, device) -> Di
         failures.append(f"{nan_out} NaN/inf (unwritten or computed) output elements; exact attention is finite")
     e_k, e_r, e_kr = rel(out, ex_o), rel(ref_o, ex_o), rel(out, ref_o)
     if not within_kernel_rule(e_k, e_r):
-        failures.append(f"tolerance rule: err {e_k:.5f} > {TOL_FACTOR} * {e_r:.5f} + {TOL_ATOL}")
+        failures.append(f"tolerance rule: err {e_k:.5f} > {KERNEL_FACTOR} * {e_r:.5f} + {KERNEL_ATOL}")
     if not e_kr < REL_REF_MAX:
         failures.append(f"kernel vs reference {e_kr:.3e} >= {REL_REF_MAX}")
     has_key = torch.isfinite(ex_lse)
@@ -196,7 +195,7 @@ def run_case(case: Case, kernel: KernelFn, reference: ReferenceFn, device) -> Di
     if changed:
         failures.append(f"inputs modified: {', '.join(changed)}")
     return {"case": asdict(case), "label": case.label(), "err_kernel": e_k, "err_ref": e_r, "kernel_vs_ref": e_kr,
-            "lse_diff": lse_diff, "nan_out": nan_out, "margin": e_k / (TOL_FACTOR * e_r + TOL_ATOL),
+            "lse_diff": lse_diff, "nan_out": nan_out, "margin": e_k / (KERNEL_FACTOR * e_r + KERNEL_ATOL),
             "seconds": time.perf_counter() - t0, "failures": failures}
 
 

@@ -20,6 +20,7 @@ one process (:func:`compare_wan`). Run: ``python -m fsattn_diffusers.measure.par
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import sys
 import tempfile
@@ -163,16 +164,24 @@ def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, 
 
     if shape[1] % world or shape[2] % world:
         raise ValueError(f"shape {tuple(shape)}: sequence and heads must divide by {world} processes")
-    # gloo binds to the address the host name resolves to unless told otherwise; the ranks share one
-    # machine, so loopback is the one interface that always exists (the children inherit the setting).
+    with gloo_loopback(device), tempfile.TemporaryDirectory() as tmp:
+        init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
+        mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend,
+                                list(wan_policies)), nprocs=world, join=True)
+        return torch.load(out_file)
+
+
+@contextlib.contextmanager
+def gloo_loopback(device: str):
+    """While spawning CPU ranks: :data:`GLOO_LOOPBACK_ENV` where the caller has not set it, undone afterwards.
+
+    gloo binds to the address the host name resolves to unless told otherwise; the ranks share one machine, so
+    loopback is the one interface that always exists (the children inherit the setting). CUDA ranks (NCCL) are
+    left alone."""
     added = {k: v for k, v in GLOO_LOOPBACK_ENV.items() if device == "cpu" and k not in os.environ}
     os.environ.update(added)
     try:
-        with tempfile.TemporaryDirectory() as tmp:
-            init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
-            mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend,
-                                    list(wan_policies)), nprocs=world, join=True)
-            return torch.load(out_file)
+        yield
     finally:
         for name in added:
             os.environ.pop(name, None)
@@ -181,11 +190,6 @@ def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, 
 def exact_reference(q, k, v) -> torch.Tensor:
     """float64 softmax attention on (B, S, H, D) (:func:`fsattn_diffusers.testing.exact_attention`)."""
     return exact_attention(q, k, v, layout="bshd")[0]
-
-
-def within_tolerance(e_sharded: float, e_single: float) -> bool:
-    """``|e_sharded - e_single| <= RELATIVE_TOLERANCE * e_single + ABSOLUTE_FLOOR`` (:func:`~..testing.errors_agree`)."""
-    return errors_agree(e_sharded, e_single)
 
 
 def compare(recipe: str, sharded: Dict[str, torch.Tensor], q, k, v, backend: str = "auto") -> List[Dict]:
@@ -198,7 +202,7 @@ def compare(recipe: str, sharded: Dict[str, torch.Tensor], q, k, v, backend: str
         e_sharded, _ = error_and_cosine(out, ref)
         rows.append(dict(recipe=recipe, mode=mode, e_single=e_single, e_sharded=e_sharded,
                          max_abs_diff=(out.double().cpu() - single.double().cpu()).abs().max().item(),
-                         ok=within_tolerance(e_sharded, e_single)))
+                         ok=errors_agree(e_sharded, e_single)))
     return rows
 
 
@@ -213,7 +217,7 @@ def compare_wan(policy: str, sharded: Dict[str, torch.Tensor], backend: str = "a
         e_sharded, _ = error_and_cosine(out, stock)
         rows.append(dict(recipe=f"wan:{policy}", mode=mode, e_single=e_single, e_sharded=e_sharded,
                          max_abs_diff=(out.double() - single.double()).abs().max().item(),
-                         ok=within_tolerance(e_sharded, e_single)))
+                         ok=errors_agree(e_sharded, e_single)))
     return rows
 
 

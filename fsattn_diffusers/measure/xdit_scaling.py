@@ -47,7 +47,9 @@ import torch
 
 from . import e2e
 from . import cp_scaling as scaling
-from .cp_scaling import BF16_TOLERANCE, ABSOLUTE_FLOOR, MATCH_TIMESTEP, RELATIVE_TOLERANCE, _barrier, _check_identical, _fmt, _log
+from .cp_scaling import _barrier, _check_identical
+from .cp_scaling_report import ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _fmt, _log, run_meta, table_lines
+from .parallel_check import RELATIVE_TOLERANCE
 
 #: xDiT slot of the stock bf16 kernel (self- and cross-attention).
 STOCK_SLOT = "CUDNN"
@@ -144,7 +146,7 @@ def xdit_policy(policy: str, backend: str):
 
 
 def self_attention_timing(model, xf):
-    """``timing`` for :func:`.scaling.measure`: every self-attention processor's ``USP`` call through the timer."""
+    """``timing`` for :func:`.cp_scaling.measure`: every self-attention processor's ``USP`` call through the timer."""
 
     @contextlib.contextmanager
     def timing(timer: e2e.AttentionTimer):
@@ -200,13 +202,13 @@ def to_markdown(doc: dict) -> str:
              f"GPUs vs bf16 1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + "
              f"max({ABSOLUTE_FLOOR:g}, err(bf16, N GPUs vs 1 GPU) of the same mode).",
              f"- Status: {doc['status']}.", ""]
-    return "\n".join(lines + scaling.table_lines(doc))
+    return "\n".join(lines + table_lines(doc))
 
 
 # ------------------------------------------------------------------------------------------------- worker
 
 def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> None:
-    """One rank of the xDiT run (inside :func:`.scaling._worker`'s process group)."""
+    """One rank of the xDiT run (inside :func:`.cp_scaling._worker`'s process group)."""
     t0 = time.perf_counter()
     xf = import_xfuser(cuda)
     xf.init_distributed_environment(world_size=world, rank=rank, local_rank=rank, backend="nccl" if cuda else "gloo")
@@ -233,12 +235,7 @@ def _measure_all(xf, rank: int, world: int, tmp: str, opts: dict, cuda: bool, de
                f"{time.perf_counter() - t0:.0f} s; weights and inputs identical on all {world} ranks")
     rec = None
     if rank == 0:
-        meta = dict(opts["meta"], devices=[torch.cuda.get_device_name(i) for i in range(world)] if cuda
-                    else ["cpu"] * world, weights_identical=True,
-                    spec={"name": spec.name, "latent": list(spec.latent), "tokens": e2e.image_tokens(spec),
-                          "text_tokens": spec.text_tokens, "calls_per_step": spec.calls_per_step,
-                          "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.config.items()}})
-        rec = scaling.Recorder(meta, opts["json"], opts["md"], render=to_markdown)
+        rec = Recorder(run_meta(opts, spec, world, cuda), opts["json"], opts["md"], render=to_markdown)
         rec.write()
 
     def one(policy: str, setting: str):
