@@ -5,10 +5,11 @@
 # Parts (about):
 #   tests  tests/test_kernel_gpu.py (-s: one line per case) -> gpu_tests_h200.txt, ~2.5 min. The CPU tests are CI's
 #          (.ci/run); the device lacks the package's CPU-side dependencies (imageio, ...), so they are not run here.
-#   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log; pytest's output in kernel_fuzz_pytest.log).
-#          Knobs: FSATTN_FUZZ_CASES (default 300), FSATTN_FUZZ_SLICE=a:b (cases a..b-1 of the same seeded list),
-#          FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK, FSATTN_FUZZ_LOG. A case takes ~1-7 s: 300 cases need ~17 min, so
-#          run slices of ~80 cases per 10-minute call (FSATTN_FUZZ_SLICE=0:80, 80:160, ...).
+#   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
+#          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-7 s, mostly Triton compiling the
+#          specialization its shapes and strides ask for, so FSATTN_FUZZ_JOBS (default 6) processes share the GPU,
+#          each running one slice of the same seeded list: 300 cases in ~5 min. Knobs: FSATTN_FUZZ_CASES (default 300),
+#          FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK; FSATTN_FUZZ_SLICE=a:b runs cases a..b-1 in one process instead.
 #   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`.
 #   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
 #          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one
@@ -77,6 +78,35 @@ for name, t0, t1, ms, flops in phases:
 PY
 }
 
+fuzz_slices() {  # FSATTN_FUZZ_JOBS pytest processes on the one GPU, slice j of the seeded list each; then one log
+  local n=${FSATTN_FUZZ_CASES:-300} jobs=${FSATTN_FUZZ_JOBS:-6} j rc=0 pids=() line logged=0 failed=0 missing=()
+  export FSATTN_FUZZ_CASES=$n
+  for ((j = 0; j < jobs; j++)); do
+    FSATTN_FUZZ_SLICE=$((n * j / jobs)):$((n * (j + 1) / jobs)) FSATTN_FUZZ_LOG=$OUT/kernel_fuzz_slice$j.txt \
+      timeout "${LIMIT:-560}" python3 -m pytest -q -s tests/test_kernel_fuzz_gpu.py "${EXTRA[@]}" \
+      > "$OUT/kernel_fuzz_slice$j.log" 2>&1 &
+    pids+=($!)
+  done
+  for j in "${!pids[@]}"; do
+    wait "${pids[$j]}" || { rc=$?; echo "slice $j: pytest rc=$rc (see kernel_fuzz_slice$j.log)"; }
+  done
+  : > "$OUT/kernel_fuzz_h200.txt"
+  for ((j = 0; j < jobs; j++)); do
+    cat "$OUT/kernel_fuzz_slice$j.txt" >> "$OUT/kernel_fuzz_h200.txt" 2>/dev/null || true
+    line=$(grep -E '^[0-9]+ of [0-9]+ cases failed' "$OUT/kernel_fuzz_slice$j.txt" 2>/dev/null || true)
+    if [[ -n $line ]]; then
+      failed=$((failed + ${line%% *})); line=${line#* of }; logged=$((logged + ${line%% *}))
+    else
+      missing+=("$j")
+    fi
+  done
+  rm -f "$OUT"/kernel_fuzz_slice*.txt
+  line="total: $failed of $logged cases failed, $jobs slices of $n cases run side by side on one GPU"
+  ((${#missing[@]})) && line+="; slices ${missing[*]} did not finish (their cases logged above are not counted)"
+  echo "$line" | tee -a "$OUT/kernel_fuzz_h200.txt"
+  ((rc == 0 && failed == 0 && ${#missing[@]} == 0))
+}
+
 ncu_profile() {  # one launch of the attention kernel under Nsight Compute (clocks not locked)
   local rep=/tmp/fsattn_ncu section sections=()
   for section in SpeedOfLight ComputeWorkloadAnalysis SchedulerStats WarpStateStats InstructionStats Occupancy \
@@ -99,8 +129,12 @@ for part in "${PARTS[@]}"; do
     tests)
       run_logged gpu_tests_h200.txt timeout "${LIMIT:-300}" python3 -m pytest -q -s tests/test_kernel_gpu.py "${EXTRA[@]}" ;;
     fuzz)
-      export FSATTN_FUZZ_LOG=${FSATTN_FUZZ_LOG:-$OUT/kernel_fuzz_h200.txt}
-      run_logged kernel_fuzz_pytest timeout "${LIMIT:-560}" python3 -m pytest -q -s tests/test_kernel_fuzz_gpu.py "${EXTRA[@]}" ;;
+      if [[ -n ${FSATTN_FUZZ_SLICE:-} ]]; then
+        FSATTN_FUZZ_LOG=$OUT/kernel_fuzz_h200.txt run_logged kernel_fuzz_pytest timeout "${LIMIT:-560}" \
+          python3 -m pytest -q -s tests/test_kernel_fuzz_gpu.py "${EXTRA[@]}"
+      else
+        run_logged kernel_fuzz_slices.log fuzz_slices
+      fi ;;
     bench)
       run_logged bench_h200_log.txt timeout "${LIMIT:-400}" fsattn bench --shapes paper,wan21,wan22,hunyuan \
         --warmup 50 --rep 300 --json "$OUT/bench_h200.json" --markdown "$OUT/bench_h200.md" "${EXTRA[@]}" ;;

@@ -5,7 +5,7 @@ Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0
 ``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK). One line per case and the worst case per recipe
 go to stdout and, when set, to the file ``FSATTN_FUZZ_LOG``.
 ``FSATTN_FUZZ_SLICE=a:b`` runs cases a..b-1 of the same seeded list (on the H200 a case takes ~1-7 s, cold compiles
-included, so 300 cases need ~17 min: run them as slices in several device commands, each with its own log).
+included: `scripts/gpu_suite_h200.sh fuzz` runs slices in several processes side by side on the one GPU).
 Variants: kernels.ops.VARIANTS (``gluon_pingpong`` runs ``triton`` where it does not apply), plus ``api``: the
 public custom-op path (``kernels.ops.fused_attention``, the default variant) with the allocator poisoned.
 ``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1`` runs it on the CPU through Triton's interpreter (slow: use a
