@@ -1,10 +1,14 @@
 """The kernel fuzz harness (fsattn_diffusers.measure.kernel_fuzz) on the CPU: its cases, and that its checks catch
 what they are for (the sm90 reference stands in for the kernel; broken stand-ins must fail)."""
 
+import pytest
+import torch
+
 
 from fsattn_diffusers.emulator import sm90_reference_attention
-from fsattn_diffusers.measure.kernel_fuzz import MAX_WORK, S_MAX, case_line, generate_cases, run_case, summary_lines
-from fsattn_diffusers.recipe import PRESETS
+from fsattn_diffusers.measure.kernel_fuzz import (LSE_REF_MAX, MAX_WORK, S_MAX, case_line, generate_cases,
+                                                  reference_bounds, run_case, summary_lines)
+from fsattn_diffusers.recipe import PRESETS, get_recipe
 
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
 VARIANTS = ("gluon_pingpong", "triton", "api")
@@ -90,3 +94,40 @@ def test_harness_catches_broken_kernels():
     r = run_case(empty, lse_finite_everywhere, reference, "cpu")
     print("lse_finite_everywhere ->", r["failures"])
     assert any("LSE finite" in f for f in r["failures"])
+
+
+def _reference_under_score_noise(monkeypatch, recipe_name, rel_noise, seed=0):
+    """sm90 reference of a five-key input with the score GEMM's results perturbed by ``rel_noise`` relative
+    (the size of a different summation order in the FP8 tensor cores): ``(out, lse)``."""
+    g = torch.Generator().manual_seed(seed)
+    q = 2.0 * torch.randn((1, 16, 2048, 64), generator=g)
+    k, v = (torch.randn((1, 16, 5, 64), generator=g) for _ in range(2))
+    real = torch.matmul
+    if rel_noise:
+        noise = torch.Generator().manual_seed(seed + 1)
+
+        def noisy(a, b):
+            x = real(a, b)
+            return x * (1 + rel_noise * (2 * torch.rand(x.shape, generator=noise) - 1))
+
+        monkeypatch.setattr(torch, "matmul", noisy)
+    try:
+        out, lse, _ = sm90_reference_attention(q, k, v, get_recipe(recipe_name), scale=0.125)
+    finally:
+        monkeypatch.setattr(torch, "matmul", real)
+    return out, lse
+
+
+@pytest.mark.parametrize("recipe_name", ["mxfp8", "mxfp8+exponential=rowmax_h15"])
+def test_lse_bounds_cover_a_different_summation_order(monkeypatch, recipe_name):
+    # Why Rowmax-H15 has its own bounds: its weights are a step function of the score, so scores 6e-5 apart move its
+    # LSE past Schraudolph's bound (one E4M3 step of P), never past one H15 step (1.5x).
+    rel_max, lse_max = reference_bounds(recipe_name)
+    o0, l0 = _reference_under_score_noise(monkeypatch, recipe_name, 0.0)
+    o1, l1 = _reference_under_score_noise(monkeypatch, recipe_name, 6e-5)
+    lse_moved = float((l1 - l0).abs().max())
+    out_moved = float((o1.double() - o0.double()).norm() / o0.double().norm())
+    print(f"{recipe_name}: LSE moved {lse_moved:.3f} (bound {lse_max:.3f}), out moved {out_moved:.2e} (bound {rel_max})")
+    assert lse_moved < lse_max and out_moved < rel_max
+    if recipe_name.endswith("rowmax_h15"):
+        assert lse_moved > LSE_REF_MAX, "H15's LSE should move past the E4M3 bound here (else it needs no own bound)"

@@ -7,7 +7,7 @@ deliberately broken kernels). Nothing here imports Triton.
 Tolerance rule (the one of tests/test_kernel_gpu.py): with ``err(x) = ||x - exact||_F / ||exact||_F``
 against float64 softmax attention on the same inputs, ``err(kernel) <= 2 err(sm90 reference) + 1e-3``,
 and the kernel within 2e-2 relative of the reference; LSE within ln(1.125) + 0.01 of the reference's where a row
-has a valid key and -inf exactly where it has none. Further checks: no NaN anywhere in the output (the
+has a valid key (Rowmax-H15, a step function of the score: 5e-2 and ln(1.5) + 0.01, see LSE_REF_MAX_H15) and -inf exactly where it has none. Further checks: no NaN anywhere in the output (the
 buffers are NaN-poisoned before the call, and exact attention of finite inputs is finite), inputs
 (including the memory around strided views) unmodified, two calls bitwise identical.
 """
@@ -22,14 +22,23 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..recipe import get_recipe
 from ..testing import KERNEL_ATOL, KERNEL_FACTOR, exact_attention, within_kernel_rule
 
 REL_REF_MAX = 2e-2
 #: LSE against the sm90 reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
 #: of a score can land on the neighbouring E4M3 value of P (one step, 2^-3 relative). In a row dominated by one key that
-#: moves l by up to 12.5%: ln(1.125) = 0.118 nats, plus 0.01 for the rest of the row (H200 fuzz: up to 0.114 in sharp
-#: rows of every variant, with outputs within 1e-2 of the reference).
+#: moves l by up to 12.5%: ln(1.125) = 0.118 nats, plus 0.01 for the rest of the row (H200 fuzz: up to 0.117 in sharp
+#: rows of every variant, with outputs within 1.3e-2 of the reference).
 LSE_REF_MAX = math.log(1.125) + 1e-2
+#: Rowmax-H15 (``exponential="rowmax_h15"``): its weight is a step function of the score, ``n = rne(2 (X - m))`` giving
+#: (1, 1.5, 2) 2^j, so a score that the summation order moves across a rounding boundary changes its weight by up to
+#: 1.5x (the row maximum's 1/128 grid cancels in ``m + log2 l``): ln(1.5) + 0.01 nats for a row dominated by one key.
+#: A row maximum one 1/128 step apart re-rounds every n of the row, so the outputs also sit further apart: the sm90
+#: reference against itself with its scores perturbed by 6e-5 relative moves by up to 1e-2 (out) and 0.15 (LSE); the
+#: H200 fuzz saw up to 3.1e-2 and 0.40, with the kernel's error against exact attention at or below the reference's.
+LSE_REF_MAX_H15 = math.log(1.5) + 1e-2
+REL_REF_MAX_H15 = 5e-2
 S_MAX = 20_000
 #: Default cap on B * H * S_q * S_k of one case (bounds the run time and the float64 reference).
 MAX_WORK = 1 << 27
@@ -158,6 +167,13 @@ KernelFn = Callable[..., None]
 ReferenceFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 
 
+def reference_bounds(recipe_name: str) -> Tuple[float, float]:
+    """``(kernel vs reference relative bound, LSE bound in nats)`` for a recipe name (see the constants above)."""
+    if get_recipe(recipe_name).exponential == "rowmax_h15":
+        return REL_REF_MAX_H15, LSE_REF_MAX_H15
+    return REL_REF_MAX, LSE_REF_MAX
+
+
 def run_case(case: Case, kernel: KernelFn, reference: ReferenceFn, device) -> Dict:
     """Run one case and check it. Returns a dict with the measurements and ``failures`` (list of str)."""
     t0 = time.perf_counter()
@@ -180,15 +196,16 @@ def run_case(case: Case, kernel: KernelFn, reference: ReferenceFn, device) -> Di
     e_k, e_r, e_kr = rel(out, ex_o), rel(ref_o, ex_o), rel(out, ref_o)
     if not within_kernel_rule(e_k, e_r):
         failures.append(f"tolerance rule: err {e_k:.5f} > {KERNEL_FACTOR} * {e_r:.5f} + {KERNEL_ATOL}")
-    if not e_kr < REL_REF_MAX:
-        failures.append(f"kernel vs reference {e_kr:.3e} >= {REL_REF_MAX}")
+    rel_max, lse_max = reference_bounds(case.recipe)
+    if not e_kr < rel_max:
+        failures.append(f"kernel vs reference {e_kr:.3e} >= {rel_max}")
     has_key = torch.isfinite(ex_lse)
     if not torch.equal(torch.isfinite(lse), has_key):
         failures.append(f"LSE finite on {int(torch.isfinite(lse).sum())} rows, rows with a valid key "
                         f"{int(has_key.sum())}")
     lse_diff = float((lse - ref_lse)[has_key].abs().max()) if bool(has_key.any()) else 0.0
-    if not lse_diff < LSE_REF_MAX:
-        failures.append(f"LSE vs reference {lse_diff:.3e} >= {LSE_REF_MAX}")
+    if not lse_diff < lse_max:
+        failures.append(f"LSE vs reference {lse_diff:.3e} >= {lse_max:.4f}")
     if not (torch.equal(_bits(out), _bits(out2)) and torch.equal(_bits(lse), _bits(lse2))):
         failures.append("two calls differ (not deterministic)")
     changed = [n for n, t, b0 in zip("qkv", bases, before) if not torch.equal(_bits(t), b0)]
