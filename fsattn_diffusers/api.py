@@ -12,7 +12,7 @@ from typing import Optional, Sequence, Union
 import torch
 
 from . import differentiable, nonfinite
-from .backends import run_backend
+from .backends import detect_nonfinite, run_backend
 from .formats import MX_BLOCK
 from .recipe import Recipe, get_recipe
 
@@ -148,7 +148,7 @@ def attention(
     lens = _as_kv_lens(kv_lens, b, s_k, q.device)
     if layout == "bshd":  # views, no copies
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    flags = nonfinite.detect(q, k, v, lens)
+    flags = detect_nonfinite(q, k, v, lens)
     flagged = nonfinite.any_flagged(flags) if strict else None
     if flagged:  # strict: fail before any work
         nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, lens))

@@ -14,6 +14,7 @@ checks on the CPU through Triton's interpreter (slow; for developing the tests).
 
 import math
 import os
+import warnings
 
 import pytest
 import torch
@@ -446,3 +447,49 @@ def test_h15_stage_ab_is_the_e4m3_of_the_reference_weight_for_every_n():
     print(f"Rowmax-H15 Stage-B: {bad} of {want.numel()} differ; row sums max |diff| "
           f"{float((ps.cpu() - want.sum(-1)).abs().max()):.2e}")
     assert bad == 0 and torch.allclose(ps.cpu(), want.sum(-1), rtol=1e-6, atol=0)
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_nonfinite_flags_kernel_matches_the_pytorch_detector(dtype, layout):
+    from fsattn_diffusers import nonfinite
+    from fsattn_diffusers.backends import detect_nonfinite
+    from fsattn_diffusers.kernels.nonfinite_flags import flag_nonfinite
+
+    q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, layout, seed=5))
+    q[0, 1, 69, 63] = float("nan")  # the last row and column of a slice
+    k[1, 2, 0, 0] = float("inf")
+    v[2, 3, 150, 7] = float("-inf")  # past kv_lens[2] = 100 below: ignored there
+    k[2, 0, 199, 5] = float("nan")  # likewise
+    if dtype == torch.float32:
+        v[1, 0, 3, 3] = 3e38  # large but finite: never flagged
+    before = [t.clone() for t in (q, k, v)]
+    lens = torch.tensor([200, 1, 100], dtype=torch.int32, device=DEV)
+    for kv in (None, lens):
+        got = flag_nonfinite(q, k, v, kv)
+        want = nonfinite.detect(q, k, v, kv)
+        print(f"{dtype} {layout} kv_lens={None if kv is None else kv.tolist()}: kernel {got.nonzero().tolist()} "
+              f"pytorch {want.nonzero().tolist()}")
+        assert torch.equal(got, want)
+        assert torch.equal(detect_nonfinite(q, k, v, kv), want)
+    assert flag_nonfinite(q, k, v, lens).nonzero().tolist() == [[0, 1], [1, 2]]
+    for a, b_ in zip((q, k, v), before):
+        assert torch.equal(a.view(torch.uint8) if a.is_contiguous() else a.contiguous().view(torch.uint8),
+                           b_.contiguous().view(torch.uint8)), "inputs must not change"
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the public call's Triton backend needs a CUDA device")
+def test_public_call_repairs_a_nonfinite_slice_found_by_the_flags_kernel():
+    q, k, v = make(2, 3, 300, 257, 128, "bshd", seed=9)
+    clean = fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="triton")
+    k_bad = k.clone()
+    k_bad[1, 2, 40, 3] = float("nan")
+    with warnings.catch_warnings():  # the one warning per process may have been given already
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = fa.attention(q, k_bad, v, "mxfp8", layout="bhsd", backend="triton")
+    ex, _ = exact(q, k_bad, v, 1.0 / math.sqrt(128), None)
+    others = torch.ones((2, 3), dtype=torch.bool)
+    others[1, 2] = False
+    print("flagged slice NaN rows:", int(torch.isnan(out[1, 2]).any(dim=-1).sum()), "of", out.shape[2])
+    assert torch.equal(out[others], clean[others]), "unflagged slices: the kernel's own result"
+    assert torch.equal(torch.isnan(out[1, 2]), torch.isnan(ex[1, 2].to(out.dtype))), "flagged slice: exact attention"

@@ -34,6 +34,24 @@ def availability(device: torch.device) -> Dict[str, Optional[str]]:
     return {name: be.available_on(device) for name, be in registered().items()}
 
 
+def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
+    """:func:`fsattn_diffusers.nonfinite.detect`'s flags, (B, H) bool or ``None`` while ``torch.compile`` traces.
+
+    Where the Triton backend runs (a CUDA sm_90+ device with triton), one exact read of each tensor by
+    ``kernels.nonfinite_flags``; elsewhere, and for head dims that kernel does not take, the PyTorch form."""
+    from .. import nonfinite
+
+    if torch.compiler.is_compiling():
+        return None
+    if q.is_cuda and registered()["triton"].available_on(q.device) is None:
+        from ..kernels.nonfinite_flags import flag_nonfinite, supports
+
+        if supports(q.shape[-1]):
+            with torch.no_grad():
+                return flag_nonfinite(q, k, v, kv_lens)
+    return nonfinite.detect(q, k, v, kv_lens)
+
+
 def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning."""
     backends = registered()
