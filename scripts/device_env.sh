@@ -83,7 +83,9 @@ for dist in ("triton", "diffusers", "fa3-fwd", "torchao", "xfuser", "yunchang"):
     except metadata.PackageNotFoundError:
         print(dist, "absent")
 PY
-  echo "commit $(git rev-parse HEAD 2>/dev/null || echo 'unknown (no git repository here)')"
+  # The working tree travels without always updating .git: the commit is the one .git names, plus what differs.
+  echo "commit $(git rev-parse HEAD 2>/dev/null || echo 'unknown (no git repository here)')" \
+       "($(git status --porcelain 2>/dev/null | wc -l) paths differ from it in this tree)"
 } >> "$OUT/env.txt" 2>&1
 
 FSATTN_FAILED=()
