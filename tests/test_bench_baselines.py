@@ -49,21 +49,23 @@ def _row(method, ms):
 
 def test_ratios_name_the_fastest_bf16_baseline():
     rows = kb.add_ratios([_row("sdpa-cudnn", 12.0), _row("sdpa-flash", 13.0), _row("fa3-bf16", 10.0),
-                          _row("fa3-fp8", 8.0), _row("mxfp8", 7.5)])
+                          dict(_row("fa3-fp8", 8.0), kernel_ms=7.2), _row("mxfp8", 7.5)])
     ours = rows[-1]
     print(ours)
     assert ours["best_bf16"] == "fa3-bf16"
     assert ours["speedup_vs_cudnn"] == pytest.approx(1.6)
     assert ours["speedup_vs_best_bf16"] == pytest.approx(10 / 7.5)
     assert ours["speedup_vs_fa3_fp8"] == pytest.approx(8 / 7.5)
+    assert ours["speedup_vs_fa3_fp8_kernel"] == pytest.approx(7.2 / 7.5)  # FA3 FP8 without its quantization
     md = kb.markdown({"date": "d", "command": "fsattn bench", "torch": "t", "cuda": "c", "triton": "3.6",
                       "python": "3.12"}, rows)
-    assert "| vs FA3 FP8 |" in md and "1.333x (fa3-bf16)" in md and "1.067x" in md
+    assert "| vs FA3 FP8 | vs FA3 FP8 kernel |" in md and "1.333x (fa3-bf16)" in md and "| 1.067x | 0.960x |" in md
 
 
 def test_ratios_without_a_baseline_are_absent_not_made_up():
     rows = kb.add_ratios([_row("sdpa-flash", 13.0), _row("mxfp8", 6.5)])
     assert rows[1]["speedup_vs_cudnn"] is None and rows[1]["speedup_vs_fa3_fp8"] is None
+    assert rows[1]["speedup_vs_fa3_fp8_kernel"] is None
     assert rows[1]["best_bf16"] == "sdpa-flash" and rows[1]["speedup_vs_best_bf16"] == pytest.approx(2.0)
     md = kb.markdown({"date": "d", "command": "c", "torch": "t", "cuda": "c", "triton": "t", "python": "p"}, rows)
-    assert "| - | 2.000x (sdpa-flash) | - |" in md
+    assert "| - | 2.000x (sdpa-flash) | - | - |" in md
