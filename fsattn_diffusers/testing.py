@@ -44,7 +44,8 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
         Softmax scale; default ``D ** -0.5``.
     kv_lens : int tensor (B,) or sequence of ints, optional
         Valid keys per batch entry; keys at positions >= kv_lens[b] are ignored, whatever they hold (NaN and inf
-        included). Rows with no valid key give 0 and LSE = -inf.
+        included). Rows with no valid key give 0 and LSE = -inf; a NaN (or +inf) score makes its row NaN, as
+        softmax does.
     layout : ``"bhsd"`` or ``"bshd"``
         Layout of the inputs and of the output.
     dtype : torch.float64 (default) or torch.float32
@@ -81,9 +82,9 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
         if mask is not None:
             s = s.masked_fill(~mask, float("-inf"))
         lse = torch.logsumexp(s, dim=-1)
-        finite = torch.isfinite(lse)
-        p = torch.exp(s - torch.where(finite, lse, torch.zeros_like(lse))[..., None])
-        p = torch.where(finite[..., None], p, torch.zeros_like(p))
+        empty = lse == float("-inf")  # no valid key: 0 (a NaN score keeps its row NaN, as in softmax)
+        p = torch.exp(s - torch.where(empty, torch.zeros_like(lse), lse)[..., None])
+        p = torch.where(empty[..., None], torch.zeros_like(p), p)
         outs.append(torch.matmul(p, vd))
         lses.append(lse)
         del s, p

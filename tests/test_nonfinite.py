@@ -148,3 +148,19 @@ def test_detector_flags_slices_and_ignores_padding():
     big = torch.full((1, 1, 4, 64), 3e38)  # finite values near fp32's top are not flagged (per-token extremes)
     assert not nonfinite.detect(big, big, big).any()
     assert nonfinite.count_nonfinite(big, big, big, torch.ones((1, 1), dtype=torch.bool), None) == {"q": 0, "k": 0, "v": 0}
+
+
+def test_shared_exact_reference_keeps_a_nan_score_nan():
+    # testing.exact_attention is what repaired slices are compared with: a NaN key reaches every row of its head
+    # (the softmax of a NaN score), a row without a valid key is 0 with LSE -inf, padded garbage is never read.
+    from fsattn_diffusers.testing import exact_attention
+
+    q, k, v = inputs(11)
+    k[0, 1, 5, 2] = float("nan")
+    k[1, 0, 299] = float("nan")  # past kv_lens[1] below
+    out, lse = exact_attention(q, k, v, None, torch.tensor([300, 299]))
+    print("NaN rows per head:", torch.isnan(out).any(dim=-1).sum(dim=-1).tolist())
+    assert torch.isnan(out[0, 1]).all() and torch.isnan(lse[0, 1]).all()
+    assert torch.isfinite(out[1]).all() and torch.isfinite(out[0, 0]).all()
+    empty, lse_empty = exact_attention(q, k, v, None, torch.tensor([0, 299]))
+    assert torch.equal(empty[0], torch.zeros_like(empty[0])) and bool((lse_empty[0] == float("-inf")).all())
