@@ -491,6 +491,6 @@ def test_public_call_repairs_a_nonfinite_slice_found_by_the_flags_kernel():
     others[1, 2] = False
     print("flagged slice NaN rows:", int(torch.isnan(out[1, 2]).any(dim=-1).sum()), "of", out.shape[2])
     assert torch.equal(out[others], clean[others]), "unflagged slices: the kernel's own result"
-    # Flagged slice: exact float64 softmax attention, where key 40's NaN score reaches every row (testing's
-    # exact_attention would give 0 there: it zeroes rows whose LSE is not finite, for rows without a valid key).
-    assert torch.isnan(out[1, 2]).all(), "flagged slice: exact attention (NaN in every row)"
+    # Flagged slice: exact float64 softmax attention, where key 40's NaN score reaches every row.
+    ex, _ = exact(q, k_bad, v, 1.0 / math.sqrt(128), None)
+    assert torch.isnan(ex[1, 2]).all() and torch.isnan(out[1, 2]).all(), "flagged slice: exact attention"
