@@ -1,5 +1,6 @@
 """Triton helpers shared by the pre-pass and the attention kernel: powers of two by bit construction, MX
-shared exponents (formats.shared_exponent) and element rounding (formats.round_to_elem)."""
+shared exponents (formats.shared_exponent), element rounding (formats.round_to_elem), and the masked load of a row
+tile of one (batch, head) slice (the pre-pass and the non-finite flags)."""
 
 from __future__ import annotations
 
@@ -61,3 +62,20 @@ def round_bf16(x):
     bits = x.to(tl.int32, bitcast=True)
     bits = (bits + 0x7FFF + ((bits >> 16) & 1)) & -65536
     return bits.to(tl.float32, bitcast=True)
+
+
+@triton.jit
+def load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS: tl.constexpr, D: tl.constexpr,
+                    HAS_KVL: tl.constexpr):
+    """Rows ``pid_s * BS`` .. ``+ BS - 1`` of slice ``bh = b * H + h`` of X (B, H, S, D; any strides), the rows at or
+    past S (``HAS_KVL``: past ``kv_lens[b]`` in KVL) read as 0: ``(x (BS, D) in X's dtype, rows (BS,), n)``, ``n`` the
+    slice's valid row count."""
+    b = bh // H
+    h = bh % H
+    n = S
+    if HAS_KVL:
+        n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
+    rows = pid_s * BS + tl.arange(0, BS)
+    cols = tl.arange(0, D)
+    ptrs = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :] * sxd
+    return tl.load(ptrs, mask=rows[:, None] < n, other=0.0), rows, n

@@ -14,6 +14,8 @@ import torch
 import triton
 import triton.language as tl
 
+from .common import load_slice_rows
+
 ROWS = 64
 WARPS = 4
 
@@ -22,17 +24,9 @@ WARPS = 4
 def _flag_nonfinite_kernel(X, sxb, sxh, sxs, sxd, KVL, FLAGS, H, S,
                            D: tl.constexpr, BS: tl.constexpr, HAS_KVL: tl.constexpr):
     """Program (s, bh): rows s*BS .. s*BS+BS-1 of slice bh; FLAGS[bh] set to 1 if any element is NaN or inf."""
-    pid_s = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    n = S
-    if HAS_KVL:
-        n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
-    rows = pid_s * BS + tl.arange(0, BS)
-    cols = tl.arange(0, D)
-    ptrs = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :] * sxd
-    x = tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32)
+    x, _, _ = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, tl.program_id(0), bh, BS, D, HAS_KVL)
+    x = x.to(tl.float32)
     # |x| < inf is false exactly for NaN and +-inf (no fast-math identity can fold it away).
     bad = tl.max(tl.max(tl.where(tl.abs(x) < float("inf"), 0, 1), axis=1), axis=0)
     if bad > 0:

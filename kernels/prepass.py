@@ -24,7 +24,7 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import pow2, round_bf16, round_elem, shared_exp
+from .common import load_slice_rows, pow2, round_bf16, round_elem, shared_exp
 from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
@@ -76,15 +76,9 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
     (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
     quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
     term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows."""
-    b = bh // H
-    h = bh % H
-    rows = pid_s * BS + tl.arange(0, BS)
+    # K with kv_lens: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent.
+    x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
     cols = tl.arange(0, D)
-    ptrs = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :] * sxd
-    n = S
-    if HAS_KVL:  # K: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent
-        n = tl.minimum(tl.load(KVL + b).to(tl.int32), S)
-    x = tl.load(ptrs, mask=rows[:, None] < n, other=0.0)
     if X.dtype.element_ty == tl.bfloat16:  # already on the BF16 grid
         x = x.to(tl.float32)
     else:
@@ -146,17 +140,10 @@ def _bf16_value(x, HW_CVT: tl.constexpr):
 @triton.jit
 def _v_amax_kernel(V, svb, svh, svs, svd, KVL, AMAX, H, S,
                    D: tl.constexpr, BS: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_KVL: tl.constexpr):
-    pid_s = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    n = S
-    if HAS_KVL:
-        n = tl.load(KVL + b).to(tl.int32)
-    rows = pid_s * BS + tl.arange(0, BS)
+    v, _, _ = load_slice_rows(V, svb, svh, svs, svd, KVL, H, S, tl.program_id(0), bh, BS, D, HAS_KVL)
+    x = tl.abs(round_bf16(v.to(tl.float32)))
     cols = tl.arange(0, D)
-    ptrs = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh + rows[:, None].to(tl.int64) * svs + cols[None, :] * svd
-    x = tl.abs(round_bf16(tl.load(ptrs, mask=rows[:, None] < n, other=0.0).to(tl.float32)))
     if PER_CHANNEL:
         tl.atomic_max(AMAX + bh * D + cols, tl.max(x, axis=0))
     else:
@@ -171,15 +158,8 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
                     HW_CVT: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
-    b = bh // H
-    h = bh % H
-    n = S
-    if HAS_KVL:
-        n = tl.load(KVL + b).to(tl.int32)
-    rows = pid_s * BS + tl.arange(0, BS)
+    x, rows, _ = load_slice_rows(V, svb, svh, svs, svd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
     cols = tl.arange(0, D)
-    ptrs = V + b.to(tl.int64) * svb + h.to(tl.int64) * svh + rows[:, None].to(tl.int64) * svs + cols[None, :] * svd
-    x = tl.load(ptrs, mask=rows[:, None] < n, other=0.0)
     if V.dtype.element_ty == tl.bfloat16:  # already on the BF16 grid
         x = x.to(tl.float32)
     else:
