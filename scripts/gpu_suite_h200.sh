@@ -8,8 +8,9 @@
 #   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
 #          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-7 s, mostly Triton compiling the
 #          specialization its shapes and strides ask for, so FSATTN_FUZZ_JOBS (default 6) processes share the GPU,
-#          each running one slice of the same seeded list: 300 cases in ~5 min. Knobs: FSATTN_FUZZ_CASES (default 300),
-#          FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK; FSATTN_FUZZ_SLICE=a:b runs cases a..b-1 in one process instead.
+#          each running one slice of the same seeded list (300 cases: ~2.5 min with 8 on the H200). Knobs:
+#          FSATTN_FUZZ_CASES (default 300), FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK; FSATTN_FUZZ_SLICE=a:b runs cases
+#          a..b-1 in one process instead.
 #   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`.
 #   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
 #          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one

@@ -42,6 +42,7 @@ import sys
 import tempfile
 import time
 from typing import Dict, List, Optional, Sequence
+from unittest import mock
 
 import torch
 
@@ -131,12 +132,9 @@ def _timed_cp_attention(timer: e2e.AttentionTimer):
     ``_native_cudnn`` backend and fsattn's ``context_parallel_attention`` both call it by module lookup."""
     from diffusers.models import attention_dispatch as ad
 
-    original = ad._templated_context_parallel_attention
-    ad._templated_context_parallel_attention = timer.wrap(original)
-    try:
+    with mock.patch.object(ad, "_templated_context_parallel_attention",
+                           timer.wrap(ad._templated_context_parallel_attention)):
         yield
-    finally:
-        ad._templated_context_parallel_attention = original
 
 
 def _cpu_sdpa_forward_op(ctx, query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -156,12 +154,8 @@ def _cpu_cudnn_stand_in(active: bool):
         return
     from diffusers.models import attention_dispatch as ad
 
-    original = ad._cudnn_attention_forward_op
-    ad._cudnn_attention_forward_op = _cpu_sdpa_forward_op
-    try:
+    with mock.patch.object(ad, "_cudnn_attention_forward_op", _cpu_sdpa_forward_op):
         yield
-    finally:
-        ad._cudnn_attention_forward_op = original
 
 
 # ---------------------------------------------------------------------------------------------- measuring
@@ -337,19 +331,26 @@ def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> Non
             with policy_processors(model, spec, policy, backend, stock_backend), \
                     context_parallel(model, configs[mode]), _cpu_cudnn_stand_in(not cuda):
                 r, out = measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True)
-            if rank != 0:
-                continue
-            mt = match(policy, out, single, e_cp_bf16)
-            if policy == "bf16":
-                e_cp_bf16 = mt.get("rel_err_vs_1gpu")
-            r.update(setting=mode, gpus=world, mode=mode, rank=rank, match=mt)
-            rec.add(r)
-            _log(rank, f"{world} GPUs {mode:<7} {policy:<6} step {r['step_median_s']:.2f} s (attention "
-                       f"{100 * r['attention_share']:.0f}%); vs 1 GPU: rel err {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')}"
-                       f", cos {_fmt(mt.get('cos_vs_1gpu'), '.6f')}, match {mt.get('ok')}")
+            if rank == 0:
+                e_cp_bf16 = record_parallel_run(rec, r, out, single, e_cp_bf16, policy, mode, world)
     if rank == 0:
         rec.write("complete")
         print(to_markdown(rec.doc), flush=True)
+
+
+def record_parallel_run(rec: Recorder, r: dict, out, single: dict, e_cp_bf16: Optional[float], policy: str,
+                        mode: str, world: int) -> Optional[float]:
+    """Rank 0: match one N-GPU run against the 1-GPU outputs, record and log it; returns the mode's bf16 N-GPU vs 1-GPU
+    error (set by the bf16 run, which comes first) that the quantized policies' match rule uses."""
+    mt = match(policy, out, single, e_cp_bf16)
+    if policy == "bf16":
+        e_cp_bf16 = mt.get("rel_err_vs_1gpu")
+    r.update(setting=mode, gpus=world, mode=mode, rank=0, match=mt)
+    rec.add(r)
+    _log(0, f"{world} GPUs {mode:<7} {policy:<6} step {r['step_median_s']:.2f} s (attention "
+            f"{100 * r['attention_share']:.0f}%); vs 1 GPU: rel err {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')}"
+            f", cos {_fmt(mt.get('cos_vs_1gpu'), '.6f')}, match {mt.get('ok')}")
+    return e_cp_bf16
 
 
 def run(opts: dict, body=None) -> None:

@@ -105,9 +105,8 @@ def table_lines(doc: dict) -> List[str]:
             errs = "-" if mt.get("e_sharded") is None else \
                 f"{_fmt(mt.get('e_single'), '.3e')} -> {mt['e_sharded']:.3e}"
             ok = {True: "yes", False: "**NO**", None: "-"}[mt.get("ok")]
-            name = p
             share = None if row["attention_share"] is None else 100 * row["attention_share"]
-            lines.append(f"| {row['gpus']} | {'-' if setting == '1gpu' else setting} | {name} | "
+            lines.append(f"| {row['gpus']} | {'-' if setting == '1gpu' else setting} | {p} | "
                          f"{_fmt(row['step_s'])} | {_fmt(row['projected_s'], '.1f')} | "
                          f"{_fmt(row['speedup'], '.2f', 'x')} | {_fmt(row['scaling'], '.2f', 'x')} | "
                          f"{_fmt(share, '.0f', '%')} | {_fmt(mt.get('rel_err_vs_1gpu'), '.3e')} | "

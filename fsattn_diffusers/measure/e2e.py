@@ -14,6 +14,7 @@ import contextlib
 import time
 from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
+from unittest import mock
 
 import torch
 
@@ -164,19 +165,12 @@ def timed_attention(timer: AttentionTimer, fsattn: bool, with_stats: bool = True
     from ..integration import processors
 
     if fsattn:
-        original = processors.attention
-        processors.attention = timer.wrap(original, with_stats=with_stats)
-        try:
-            yield
-        finally:
-            processors.attention = original
+        timed = timer.wrap(processors.attention, with_stats=with_stats)
+        patch = mock.patch.object(processors, "attention", timed)
     else:
-        original = F.scaled_dot_product_attention
-        F.scaled_dot_product_attention = timer.wrap(original)
-        try:
-            yield
-        finally:
-            F.scaled_dot_product_attention = original
+        patch = mock.patch.object(F, "scaled_dot_product_attention", timer.wrap(F.scaled_dot_product_attention))
+    with patch:
+        yield
 
 
 def _sync(cuda: bool) -> None:

@@ -7,7 +7,8 @@ deliberately broken kernels). Nothing here imports Triton.
 Tolerance rule (the one of tests/test_kernel_gpu.py): with ``err(x) = ||x - exact||_F / ||exact||_F``
 against float64 softmax attention on the same inputs, ``err(kernel) <= 2 err(sm90 reference) + 1e-3``,
 and the kernel within 2e-2 relative of the reference; LSE within ln(1.125) + 0.01 of the reference's where a row
-has a valid key (Rowmax-H15, a step function of the score: 5e-2 and ln(1.5) + 0.01, see LSE_REF_MAX_H15) and -inf exactly where it has none. Further checks: no NaN anywhere in the output (the
+has a valid key (Rowmax-H15, a step function of the score: 5e-2 and ln(1.5) + 0.01, see LSE_REF_MAX_H15) and -inf
+exactly where it has none. Further checks: no NaN anywhere in the output (the
 buffers are NaN-poisoned before the call, and exact attention of finite inputs is finite), inputs
 (including the memory around strided views) unmodified, two calls bitwise identical.
 """

@@ -48,7 +48,7 @@ import torch
 from . import e2e
 from . import cp_scaling as scaling
 from .cp_scaling import _barrier, _check_identical
-from .cp_scaling_report import ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _fmt, _log, run_meta, table_lines
+from .cp_scaling_report import ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _log, run_meta, table_lines
 from .parallel_check import RELATIVE_TOLERANCE
 
 #: xDiT slot of the stock bf16 kernel (self- and cross-attention).
@@ -256,17 +256,8 @@ def _measure_all(xf, rank: int, world: int, tmp: str, opts: dict, cuda: bool, de
         with xdit_setting(xf, model, mode, world, cuda, spec.name):
             for policy in policies:
                 r, out = one(policy, mode)
-                if rank != 0:
-                    continue
-                mt = scaling.match(policy, out, single, e_cp_bf16)
-                if policy == "bf16":
-                    e_cp_bf16 = mt.get("rel_err_vs_1gpu")
-                r.update(setting=mode, gpus=world, mode=mode, rank=rank, match=mt)
-                rec.add(r)
-                _log(rank, f"{world} GPUs {mode:<7} {policy:<6} step {r['step_median_s']:.2f} s (attention "
-                           f"{100 * r['attention_share']:.0f}%); vs 1 GPU: rel err "
-                           f"{_fmt(mt.get('rel_err_vs_1gpu'), '.3e')}, cos {_fmt(mt.get('cos_vs_1gpu'), '.6f')}, "
-                           f"match {mt.get('ok')}")
+                if rank == 0:
+                    e_cp_bf16 = scaling.record_parallel_run(rec, r, out, single, e_cp_bf16, policy, mode, world)
     if rank == 0:
         rec.write("complete")
         print(to_markdown(rec.doc), flush=True)
