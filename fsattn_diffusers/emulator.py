@@ -13,7 +13,7 @@ import torch
 
 from .exponent import LN2
 from .numerics import MI355XNumerics, numerics_for
-from .recipe import Recipe
+from .recipe import ROLLBACK_FLOOR_LIMIT_LOG2, Recipe
 from .smoothing import smooth_inputs
 
 # Upper bound on (groups x rows x keys) elements of one score slab: ~256 MB of float32.
@@ -27,6 +27,15 @@ def rollback_gate(tile_max: torch.Tensor, m: torch.Tensor, cap_log2: int) -> tor
     the row maximum, so the row-level test here is the same predicate.
     """
     return (tile_max - m) > cap_log2
+
+
+def lowering_gate(tile_max: torch.Tensor, m: torch.Tensor, m_high: torch.Tensor, floor_log2: int) -> torch.Tensor:
+    """Rows whose peak in this key tile lies more than ``floor`` doublings below the reference ``m``
+    (``Recipe.rollback_floor_log2``), while ``m`` may still go down: it stays above ``m_high`` (the row's highest
+    reference) minus :data:`~fsattn_diffusers.recipe.ROLLBACK_FLOOR_LIMIT_LOG2`. A tile with no valid key (peak
+    -inf) never lowers."""
+    return torch.isfinite(tile_max) & ((tile_max - m) < -floor_log2) & \
+        (m - floor_log2 > m_high - ROLLBACK_FLOOR_LIMIT_LOG2)
 
 
 def _new_stats() -> Dict[str, int]:
@@ -46,6 +55,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
     n = num.tile_n
     neg_inf = torch.tensor(float("-inf"), device=q.device)
     m = torch.full((g, r), float("-inf"), device=q.device)
+    m_high = m  # the highest reference so far (bounds a lowering)
     l = torch.zeros((g, r), device=q.device)
     o = torch.zeros((g, r, v.shape[-1]), device=q.device)
     n_qt = -(-r // num.tile_m)
@@ -69,12 +79,16 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
             rescale = torch.where(torch.isneginf(m_new), torch.ones_like(m), torch.exp2(m - m_new))
             o, l, m = o * rescale[..., None], l * rescale, m_new
         elif j == 0:
-            m = num.seed(tile_max)  # line 2: the speculative reference, frozen from here on
+            m = m_high = num.seed(tile_max)  # line 2: the speculative reference, frozen from here on
         elif recipe.rollback:
             fire = rollback_gate(tile_max, m, num.cap_log2)
-            if bool(fire.any()):  # rare path (lines 8-13): exact power-of-two recovery
-                delta = torch.where(fire, torch.ceil(tile_max - m), torch.zeros_like(m))
+            if recipe.rollback_floor_log2 is not None:
+                fire = fire | lowering_gate(tile_max, m, m_high, recipe.rollback_floor_log2)
+            if bool(fire.any()):  # rare path (lines 8-13): exact power-of-two recovery, up or (lowering) down
+                step = torch.maximum(torch.ceil(tile_max - m), m_high - ROLLBACK_FLOOR_LIMIT_LOG2 - m)
+                delta = torch.where(fire, step, torch.zeros_like(m))
                 m = m + delta
+                m_high = torch.maximum(m_high, m)
                 down = torch.exp2(-delta)
                 o, l = o * down[..., None], l * down
                 stats["rollbacks"] += int(fire.sum())

@@ -16,6 +16,10 @@ from .formats import SCALE_RULES
 
 # The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
 ROLLBACK_CAP_LOG2 = 32
+# A lowering (``Recipe.rollback_floor_log2``) never takes the reference more than this many doublings below the
+# highest reference of the row: contributions that far down are below fp32's resolution of the row's mass, and the
+# accumulator, scaled up by at most 2^64, cannot overflow (P * V8 summed over 2^20 keys stays below 2^37).
+ROLLBACK_FLOOR_LIMIT_LOG2 = 64
 # Query-tile rows and key-tile columns of the paper's kernels (Section 3: M = 256, N = 128).
 TILE_M = 256
 TILE_N = 128
@@ -59,6 +63,12 @@ class Recipe:
         Enable the rollback gate of the frozen maximum (disable only for ablation).
     rollback_cap_log2 : int
         Gate threshold: a score more than 2^cap above the frozen reference triggers a rollback.
+    rollback_floor_log2 : int or None
+        Lower the frozen reference when a key tile's peak lies more than ``floor`` doublings below it (the rows'
+        accumulators scaled up by the same exact power of two, as a rollback scales them down); None never lowers
+        (the paper). With P in FP8 under a per-row scale that moves only with the reference, a reference held up by
+        one early outlier key (an attention sink) pushes every later tile's P into E4M3's subnormals; the lowering
+        brings it back. The reference stays within :data:`ROLLBACK_FLOOR_LIMIT_LOG2` of the row's highest one.
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.
@@ -98,6 +108,7 @@ class Recipe:
     frozen_max: bool = False
     rollback: bool = True
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
+    rollback_floor_log2: Optional[int] = None
     rowsum_gemm: bool = False
     hadamard: bool = False
     hadamard_signs: bool = False
@@ -123,6 +134,9 @@ class Recipe:
                 _check_choice(field, value, SCALE_RULES)
         if not (1 <= self.rollback_cap_log2 <= 126):
             raise ValueError(f"Recipe.rollback_cap_log2={self.rollback_cap_log2} is out of range; accepted: 1..126")
+        if self.rollback_floor_log2 is not None and not (1 <= self.rollback_floor_log2 <= ROLLBACK_FLOOR_LIMIT_LOG2):
+            raise ValueError(f"Recipe.rollback_floor_log2={self.rollback_floor_log2} is out of range; accepted: "
+                             f"None or 1..{ROLLBACK_FLOOR_LIMIT_LOG2}")
         for field in ("tile_m", "tile_n"):
             value = getattr(self, field)
             if value < 32 or value % 32:
@@ -161,6 +175,10 @@ class Recipe:
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7).
 ROBUST = dict(hadamard_signs=True, smooth_k=True)
+#: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
+#: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
+#: 2^-6 (NUMERICS.md §7, attention sinks). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering.
+ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10), "mxfp6": {}}
 #: The suffix of the paper-faithful presets.
 PAPER_SUFFIX = "-paper"
 _OPERANDS = {
@@ -176,7 +194,8 @@ _OPERANDS = {
 PRESETS = {
     "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
     "bf16": Recipe(name="bf16", qk_format="bf16", p_format="bf16", v_format="bf16"),
-    **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST) for name, ops in _OPERANDS.items()},
+    **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST, **ROBUST_P[ops["p_format"]])
+       for name, ops in _OPERANDS.items()},
     **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
 }
 
@@ -189,13 +208,13 @@ def _field_value(field: dataclasses.Field, text: str):
         if low not in ("true", "false", "1", "0"):
             raise ValueError(f"Recipe.{field.name}={text!r} is not a bool; accepted: true, false")
         return low in ("true", "1")
+    if "Optional" in kind and low == "none":
+        return None
     if "int" in kind:
         try:
             return int(low)
         except ValueError:
             raise ValueError(f"Recipe.{field.name}={text!r} is not an integer") from None
-    if "Optional" in kind and low == "none":
-        return None
     return low
 
 

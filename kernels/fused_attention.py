@@ -6,7 +6,9 @@ Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels
 2. Tile 0 (peeled) freezes ``m = ceil(128 rowmax(X)) / 128`` (Section 4.1; on the 1/128 grid so that the
    Stage-A constant below is an exact fp32 integer).
 3. Gate (j >= 1): one FMNMX pass gives the row maxima of ``acc``; a row whose maximum passes ``m + cap``
-   fires the rare rollback branch (whole CTA): ``m += ceil(max - m)``, ``O, l *= 2^-delta``.
+   fires the rare rollback branch (whole CTA): ``m += ceil(max - m)``, ``O, l *= 2^-delta``. With ``LOWER``
+   (``Recipe.rollback_floor_log2``) a row whose maximum lies below ``lo = m - floor`` fires the same branch with a
+   negative ``delta`` (``lo`` is -inf once ``m`` would pass ``m_high - ROLLBACK_FLOOR_LIMIT_LOG2``).
 4. Stage-A + Stage-B (Sections 4.2-4.3): one FMA carries the whole Schraudolph affine map, the frozen
    maximum and P's scale: ``f = acc * 2^(QE+KE_j+7) + (1.5*2^23 + 128*(127 - eps') + 128*sigma - 128 m)``.
    ``max(f, 1.5*2^23)`` clamps, and the low 16 bits of ``f`` are the BF16 pattern of ``P * 2^sigma``;
@@ -24,6 +26,7 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
+from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
 
 from .common import RNE_MAGIC as MAGIC, pow2, round_elem
 
@@ -40,6 +43,15 @@ LN2 = tl.constexpr(_LN2)
 # Rowmax-H15 (sm90_numerics difference 8): n's clamp and MAGIC's fp32 bits (f - MAGIC = n on the integer grid).
 H15_MIN_N = tl.constexpr(float(sm90_numerics.H15_MIN_N))
 MAGIC_BITS = tl.constexpr(0x4B400000)
+# How far below the row's highest reference a lowering may take it (recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
+FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
+
+
+@triton.jit
+def lowering_trigger(m, m_high, FLOOR: tl.constexpr):
+    """The score (doublings) below which a key tile's peak lowers the reference: ``m - floor``, or -inf once that
+    would leave ``m_high - FLOOR_LIMIT`` (emulator.lowering_gate)."""
+    return tl.where(m - FLOOR > m_high - FLOOR_LIMIT, m - FLOOR, float("-inf"))
 
 
 @triton.jit
@@ -199,11 +211,13 @@ def _add_bias(acc, bias_ptrs, e_t, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, row_ok,
+def _tile(q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
           P_MX: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr, bias_ptrs=None, HAS_BIAS: tl.constexpr = False,
-          H15: tl.constexpr = False, H15_EXP: tl.constexpr = 0):
-    """One steady-state key tile (lines 6-18 of Algorithm 1)."""
+          H15: tl.constexpr = False, H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False,
+          FLOOR: tl.constexpr = 0.0):
+    """One steady-state key tile (lines 6-18 of Algorithm 1); ``LOWER``: the gate also lowers the reference by
+    whole doublings when the tile's peak is below ``lo`` (``m_high`` the row's highest reference)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
     e_t = qe + tl.load(KE_row + t)
@@ -220,9 +234,17 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
         else:
             amax = tl.max(acc, axis=1)
         fire = amax > (m + CAP) * pow2(-e_t)
-        if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13)
-            delta = tl.where(fire, tl.math.ceil(amax * pow2(e_t) - m), 0.0)
+        if LOWER:
+            fire = fire | (amax * pow2(e_t) < lo)
+        if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13), up or (LOWER) down
+            step = tl.math.ceil(amax * pow2(e_t) - m)
+            if LOWER:
+                step = tl.maximum(step, m_high - FLOOR_LIMIT - m)
+            delta = tl.where(fire, step, 0.0)
             m = m + delta
+            if LOWER:
+                m_high = tl.maximum(m_high, m)
+                lo = lowering_trigger(m, m_high, FLOOR)
             c = c - (2.0 if H15 else 128.0) * delta  # c's step per doubling of m: Stage-A's grid
             down = tl.exp2(-delta)
             o = o * down[:, None]
@@ -231,7 +253,7 @@ def _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, 
             ntiles += 1
     o, l = _accumulate(acc, bmax, pow2(e_t + (1 if H15 else 7)), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15,
                        H15_EXP)
-    return o, l, m, c, nrows, ntiles
+    return o, l, m, c, m_high, lo, nrows, ntiles
 
 
 # SK is never specialized: Triton would compile S_k == 1 as the constant 1, which folds the key loop to a constant
@@ -244,7 +266,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
                       SIGMA: tl.constexpr, NUM_STAGES: tl.constexpr, RNE_CVT: tl.constexpr,
                       BIAS=None, HAS_BIAS: tl.constexpr = False, H15: tl.constexpr = False,
-                      H15_EXP: tl.constexpr = 0):
+                      H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False, FLOOR: tl.constexpr = 0.0):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -280,6 +302,8 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
             c = -2.0 * m
         else:
             c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
+        m_high = m
+        lo = lowering_trigger(m, m_high, FLOOR)  # used only with LOWER
         bmax0 = acc
         if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
@@ -287,15 +311,15 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                            H15, H15_EXP)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
-            o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + t * BN * D,
-                                              vt_ptrs + t * BN, KE_row, t, n_keys, row_ok, BN, False,
-                                              GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15,
-                                              H15_EXP)
+            o, l, m, c, m_high, lo, nrows, ntiles = _tile(
+                q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN, KE_row, t,
+                n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15, H15_EXP,
+                LOWER, FLOOR)
         if (n_full >= 1) & (n_full * BN < n_keys):
-            o, l, m, c, nrows, ntiles = _tile(q, qe, o, l, m, c, nrows, ntiles, k_ptrs + n_full * BN * D,
-                                              vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok,
-                                              BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + n_full * BN,
-                                              HAS_BIAS, H15, H15_EXP)
+            o, l, m, c, m_high, lo, nrows, ntiles = _tile(
+                q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs + n_full * BN * D, vt_ptrs + n_full * BN,
+                KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + n_full * BN,
+                HAS_BIAS, H15, H15_EXP, LOWER, FLOOR)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

@@ -6,7 +6,7 @@ Per key tile j a warpgroup:
 
     issue S_j = Q K_j^T; issue l_j = P8_{j-1} @ ones; issue O += P8_{j-1} V_{j-1}        (async)
     wait for S_j and l_j; l += l_j (fp32, registers)
-    gate on the raw block maxima of S_j (Algorithm 1 line 8; a per-warp vote, no barrier)
+    gate on the raw block maxima of S_j (Algorithm 1 line 8; a per-warp vote, no barrier), or lower the reference
     Stage-A of S_j: one FMA and a clamp give fp32 words whose low 16 bits are the FP16 proxy of P * 2^sigma
     wait for the PV GEMM; release the K/V slot (warpgroup 1 refills it by TMA)
     rare rollback: new reference for the fired rows, O and l rescaled, Stage-A redone
@@ -37,6 +37,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
+from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
 
 from .common import RNE_MAGIC
 
@@ -52,12 +53,21 @@ D_BITS_F16 = gl.constexpr(float(sm90_numerics.D_BITS_F16))
 LN2 = gl.constexpr(_LN2)
 # Stage-A grid: 2^10 steps per doubling (FP16's mantissa).
 GRID_LOG2 = gl.constexpr(10)
+# How far below the row's highest reference a lowering may take it (recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
+FLOOR_LIMIT = gl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 
 
 @gluon.jit
 def _pow2(e):
     """2^e for an int32 exponent in the normal range (bit construction)."""
     return ((e + 127) << 23).to(gl.float32, bitcast=True)
+
+
+@gluon.jit
+def _lowering_trigger(m, m_high, FLOOR):
+    """The peak (doublings) below which a key tile lowers the reference: ``m - FLOOR``, or -inf once that would leave
+    ``m_high - FLOOR_LIMIT`` (emulator.lowering_gate; ``FLOOR = inf`` never lowers)."""
+    return gl.where(m - FLOOR > m_high - FLOOR_LIMIT, m - FLOOR, float("-inf"))
 
 
 @gluon.jit
@@ -154,13 +164,14 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, krow0, vrow0, pr
 @gluon.jit
 def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
               onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob,
-              soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA):
+              soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
     ``HAS_BIAS``: add Q smoothing's per-key term BIAS (B*H, SKP) (doublings) to the scores, scaled into the GEMM's
     units ``2^-e`` (exact), before the maximum, the gate and Stage-A.
 
     Partition arguments cannot be constexprs (they arrive as tensors): the tile sizes come from the shared-memory
-    shapes, and ``WRITE_LSE``, ``CAP``, ``SIGMA`` are runtime scalars.
+    shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` are runtime scalars. ``FLOOR`` (doublings, ``inf``: never)
+    lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
@@ -208,6 +219,8 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
         if HAS_BIAS:
             s = s + gl.load(bias_row)[None, :] * _pow2(-e0)
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
+        m_high = m  # the row's highest reference (bounds a lowering)
+        lo = _lowering_trigger(m, m_high, FLOOR)
         c = (MAGIC + D_BITS_F16 + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
         pw = _stage_b_words(_stage_a(s, _pow2(e0 + GRID_LOG2), c), p_layout, BM, BN)
         for j in range(1, n_tiles):
@@ -225,8 +238,8 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
             e_t = qe + gl.load(KE_row + j)
             if HAS_BIAS:
                 s = s + bt[None, :] * _pow2(-e_t)
-            amax = gl.max(s, axis=1)
-            fire = amax > (m + CAP) * _pow2(-e_t)  # gate on the raw block maxima (Algorithm 1 line 8)
+            xmax = gl.max(s, axis=1) * _pow2(e_t)  # the tile's row peaks in doublings (exact scaling)
+            fire = (xmax > m + CAP) | (xmax < lo)  # gate (Algorithm 1 line 8), or a lowering
             anyfire = _warp_any(fire, WG)  # this warp only
             p = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
             o, p = warpgroup_mma_wait(0, deps=(o, p))
@@ -236,9 +249,11 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
                 _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
                          j - 1 + STAGES < n_tiles, BN)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
-                # fired rows, O and l rescaled, Stage-A redone
-                delta = gl.where(fire, gl.ceil(amax * _pow2(e_t) - m), 0.0)
+                # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
+                delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
                 m = m + delta
+                m_high = gl.maximum(m_high, m)
+                lo = _lowering_trigger(m, m_high, FLOOR)
                 c = c - GRID * delta
                 down = gl.exp2(-delta)
                 lsum = lsum * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
@@ -273,44 +288,45 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
 @gluon.jit
 def _consumer0(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
                BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-               WRITE_LSE, CAP, SIGMA):
+               WRITE_LSE, CAP, FLOOR, SIGMA):
     _consumer(0, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, SIGMA)
+              CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
 def _consumer0_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
                     BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-                    WRITE_LSE, CAP, SIGMA):
+                    WRITE_LSE, CAP, FLOOR, SIGMA):
     _consumer(0, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, SIGMA)
+              CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
 def _consumer1(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
                BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-               WRITE_LSE, CAP, SIGMA):
+               WRITE_LSE, CAP, FLOOR, SIGMA):
     _consumer(1, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, SIGMA)
+              CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
 def _consumer1_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
                     BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-                    WRITE_LSE, CAP, SIGMA):
+                    WRITE_LSE, CAP, FLOOR, SIGMA):
     _consumer(1, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, SIGMA)
+              CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
 def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS,
                                      NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                                      D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr,
-                                     WRITE_LSE: gl.constexpr, CAP: gl.constexpr, SIGMA: gl.constexpr,
+                                     WRITE_LSE: gl.constexpr, CAP: gl.constexpr, FLOOR: gl.constexpr,
+                                     SIGMA: gl.constexpr,
                                      STAGES: gl.constexpr, REGS: gl.constexpr, HAS_BIAS: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
@@ -356,7 +372,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
         _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
 
     args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-            LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, SIGMA)
+            LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
+            SIGMA)
     if HAS_BIAS:
         gl.warp_specialize([(_consumer0_bias, args), (_consumer1_bias, args)], [4], [REGS])
     else:

@@ -65,6 +65,7 @@ class KernelPlan:
     smooth_k: bool = False  # the pre-pass subtracts K's token mean (smoothing.token_mean)
     smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the per-key bias q_mean . k_j
     h15: bool = False  # Rowmax-H15 exponential (sm90_numerics difference 8) instead of Schraudolph's
+    gate_floor: int = 0  # doublings below the reference that lower it (Recipe.rollback_floor_log2); 0: never
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -129,6 +130,7 @@ def plan_for(recipe) -> KernelPlan:
         smooth_k=recipe.smooth_k,
         smooth_q=recipe.smooth_q,
         h15=recipe.exponential == "rowmax_h15",
+        gate_floor=(recipe.rollback_floor_log2 or 0) if recipe.rollback else 0,
     )
 
 

@@ -164,3 +164,12 @@ def test_sweep_report_shows_the_resolved_schedules(tmp_path):
     printed = [ln for ln in res.stderr.splitlines() if "schedule" in ln]
     assert printed == ["fsattn sweep: schedule mxfp6 at 2 steps: steps 0-1 mxfp6",
                        "fsattn sweep: schedule hybrid at 2 steps: steps 0-1 mxfp6 (defined for 20 steps, scaled)"]
+
+
+@pytest.mark.parametrize("args, names", [
+    (["--inputs", "gaussian,nope"], "accepted: gaussian, k_channel_outliers"),
+    (["--inputs", "attention_sink", "--shapes", "", "--shape", "1,2,256:128,64"], "S_q == S_k"),
+])
+def test_bench_refuses_unknown_or_unusable_inputs_in_one_line(args, names):
+    line = _one_line_error(_run(["bench", *args]), "fsattn bench:")
+    assert names in line

@@ -8,7 +8,7 @@ import torch
 import fsattn_diffusers as fa
 from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.hadamard import hadamard_matrix, rotation_signs
-from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, ROBUST
+from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, ROBUST, ROBUST_P
 from fsattn_diffusers.smoothing import token_mean
 from fsattn_diffusers.testing import exact_attention
 
@@ -73,7 +73,9 @@ def test_robust_presets_and_paper_presets():
         robust, paper = PRESETS[name], PRESETS[name + PAPER_SUFFIX]
         assert all(getattr(robust, f) == v for f, v in ROBUST.items())
         assert not (paper.smooth_k or paper.smooth_q or paper.hadamard_signs)
-        assert robust.replace(**{f: False for f in ROBUST}, name=paper.name) == paper
+        per_p = ROBUST_P[robust.p_format]
+        assert all(getattr(robust, f) == v for f, v in per_p.items())
+        assert robust.replace(**{f: False for f in ROBUST}, **{f: None for f in per_p}, name=paper.name) == paper
 
 
 def test_rotation_signs_are_fixed_and_orthogonal():

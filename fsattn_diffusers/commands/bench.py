@@ -18,6 +18,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--baselines", default=",".join(BASELINES),
                         help=f"comma list of {', '.join(BASELINES)} (those not installed are skipped with a line; "
                              "fa3/fa3-fp8 need the fa3-fwd package)")
+    parser.add_argument("--inputs", default="gaussian",
+                        help="comma list of input families: gaussian (random normal, the default) or names of the "
+                             "structured-input suite (fsattn accuracy --suite structured), e.g. attention_sink,locality")
     parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd", help="input layout for our kernel")
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
@@ -53,8 +56,6 @@ def run(args) -> int:
 
     from ..cli import UsageError
 
-    if not torch.cuda.is_available():
-        raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
     shapes = []
     for name in [s for s in args.shapes.split(",") if s]:
         if name not in SHAPES:
@@ -67,6 +68,16 @@ def run(args) -> int:
     for x in baselines:
         if x not in BASELINES:
             raise UsageError(f"unknown baseline {x!r}; accepted: {', '.join(BASELINES)}")
+    from ..measure.structured_inputs import FAMILIES
+
+    inputs = [x for x in args.inputs.split(",") if x]
+    for x in inputs:
+        if x != "gaussian" and x not in FAMILIES:
+            raise UsageError(f"unknown --inputs {x!r}; accepted: {', '.join(FAMILIES)}")
+        if x != "gaussian" and any(s_q != s_k for _, _, s_q, s_k, _ in shapes):
+            raise UsageError(f"--inputs {x} needs S_q == S_k in every shape; accepted for S_q != S_k: gaussian")
+    if not torch.cuda.is_available():
+        raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
     if args.variant:
         from ..kernels import ops
 
@@ -76,10 +87,11 @@ def run(args) -> int:
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
     results = []
     for shp in shapes:
-        print(f"shape B,H,Sq,Sk,D = {shp}")
-        results += bench_shape(*shp, recipes, baselines, layout=args.layout, warmup=args.warmup, rep=args.rep,
-                               seed=args.seed)
-        torch.cuda.empty_cache()
+        for name in inputs:
+            print(f"shape B,H,Sq,Sk,D = {shp}, inputs {name}")
+            results += bench_shape(*shp, recipes, baselines, layout=args.layout, warmup=args.warmup, rep=args.rep,
+                                   seed=args.seed, inputs=name)
+            torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"environment": env, "results": results}, f, indent=1)

@@ -128,9 +128,27 @@ def add_ratios(results: List[Dict]) -> List[Dict]:
     return results
 
 
+def make_inputs(b, h, s_q, s_k, d, inputs="gaussian", seed=0):
+    """bf16 (B, H, S, D) q, k, v on the GPU: ``gaussian`` draws N(0, 1) there; any other name is a family of
+    :mod:`fsattn_diffusers.measure.structured_inputs` (drawn on the CPU, S_q == S_k)."""
+    import torch
+
+    from .structured_inputs import get_family
+
+    if inputs == "gaussian":
+        gen = torch.Generator(device="cuda").manual_seed(seed)
+        return tuple(torch.randn((b, h, s, d), generator=gen, device="cuda", dtype=torch.bfloat16)
+                     for s in (s_q, s_k, s_k))
+    family = get_family(inputs)
+    if s_q != s_k:
+        raise ValueError(f"inputs {inputs!r} need S_q == S_k, got {s_q}:{s_k}; accepted: gaussian for S_q != S_k")
+    return family(b, h, s_q, d, torch.bfloat16, "cuda", seed)
+
+
 def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100.0, rep=500.0, seed=0,
-                log=print) -> List[Dict]:
-    """Rows of results (dicts) for one shape; random normal bf16 inputs, SDPA's default scale."""
+                log=print, inputs="gaussian") -> List[Dict]:
+    """Rows of results (dicts) for one shape and one input family (:func:`make_inputs`), SDPA's default scale; our
+    rows also carry the kernel's ``rollback_rate`` on these inputs (a separate, untimed call)."""
     import torch
 
     from .. import attention
@@ -138,9 +156,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     from ..kernels.plan import plan_for
     from ..recipe import get_recipe
 
-    gen = torch.Generator(device="cuda").manual_seed(seed)
-    q, k, v = (torch.randn((b, h, s, d), generator=gen, device="cuda", dtype=torch.bfloat16)
-               for s in (s_q, s_k, s_k))
+    q, k, v = make_inputs(b, h, s_q, s_k, d, inputs, seed)
     scale = 1.0 / math.sqrt(d)
     flops = 4.0 * b * h * s_q * s_k * d
     rows = torch.randperm(s_q, generator=torch.Generator().manual_seed(seed))[:min(SAMPLE_ROWS, s_q)].sort().values
@@ -153,7 +169,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         out = out[0] if isinstance(out, tuple) else out
         err, cos = accuracy(out[:, :, rows.cuda()], ref)
         ms = timed(fn, warmup, rep)
-        row = {"shape": [b, h, s_q, s_k, d], "method": name, "ms": ms, "tflops": flops / ms * 1e-9,
+        row = {"shape": [b, h, s_q, s_k, d], "inputs": inputs, "method": name, "ms": ms, "tflops": flops / ms * 1e-9,
                "rel_err": err, "cos": cos}
         row.update(extra or {})
         results.append(row)
@@ -205,8 +221,9 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         torch.cuda.synchronize()
         peak_extra = int(torch.cuda.max_memory_allocated() - base)
         del one
+        _, stats = attention(qq, kk, vv, recipe, return_stats=True, **lay_args)
         record(rname, full, {"prepass_ms": pre_ms, "kernel_ms": ker_ms,
-                             "kernel_tflops": flops / ker_ms * 1e-9})
+                             "kernel_tflops": flops / ker_ms * 1e-9, "rollback_rate": stats["rollback_rate"]})
         results[-1]["peak_extra_bytes"] = peak_extra
         results[-1]["qkv_bf16_bytes"] = int(2 * b * h * (s_q + 2 * s_k) * d)
         log(f"  {'':<14} pre-pass {pre_ms:.3f} ms, kernel {ker_ms:.3f} ms ({flops / ker_ms * 1e-9:.1f} TFLOP/s), "
@@ -243,22 +260,25 @@ def markdown(env: Dict, results: List[Dict]) -> str:
              f"- date: {env['date']}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
              f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}",
-             "- inputs: random normal bf16, BHSD (FA3: BSHD copies), non-causal, default scale; accuracy on "
-             f"{SAMPLE_ROWS} sampled query rows per head against float64 softmax",
+             "- inputs: bf16, BHSD (FA3: BSHD copies), non-causal, default scale; `gaussian` = random normal, other "
+             "names = families of `fsattn_diffusers.measure.structured_inputs`; accuracy on "
+             f"{SAMPLE_ROWS} sampled query rows per head against float64 softmax; rollbacks = share of (128-row "
+             "query tile, key tile) pairs whose reference moved (our kernel, on these inputs)",
              "- ratios: time of the baseline / time of the row, measured in this run; best bf16 = the fastest of "
              "SDPA cuDNN, SDPA flash and FA3 bf16 at that shape; ours include the pre-pass, FA3 FP8 its "
              "Q/K/V quantization (both also timed apart); FA3 FP8 kernel = its kernel alone on inputs already in E4M3 "
              "(the FP8 baseline with a quantization that costs nothing, e.g. fused into the projection before it)", "",
-             "| shape (B,H,Sq,Sk,D) | method | ms | TFLOP/s | vs cuDNN | vs best bf16 | vs FA3 FP8 | vs FA3 FP8 kernel "
-             "| rel. err | cos "
-             "| pre-pass ms | kernel ms |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| shape (B,H,Sq,Sk,D) | inputs | method | ms | TFLOP/s | vs cuDNN | vs best bf16 | vs FA3 FP8 "
+             "| vs FA3 FP8 kernel | rel. err | cos | pre-pass ms | kernel ms | rollbacks |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         best = f" ({r['best_bf16']})" if r.get("speedup_vs_best_bf16") else ""
-        lines.append(f"| {','.join(map(str, r['shape']))} | {r['method']} | {r['ms']:.3f} | {r['tflops']:.0f} "
+        rb = r.get("rollback_rate")
+        lines.append(f"| {','.join(map(str, r['shape']))} | {r.get('inputs', 'gaussian')} | {r['method']} "
+                     f"| {r['ms']:.3f} | {r['tflops']:.0f} "
                      f"| {_ratio(r.get('speedup_vs_cudnn'))} | {_ratio(r.get('speedup_vs_best_bf16'))}{best} "
                      f"| {_ratio(r.get('speedup_vs_fa3_fp8'))} | {_ratio(r.get('speedup_vs_fa3_fp8_kernel'))} "
                      f"| {r['rel_err']:.4f} | {r['cos']:.5f} "
-                     f"| {r.get('prepass_ms', float('nan')):.3f} | {r.get('kernel_ms', float('nan')):.3f} |"
-                     .replace("nan", "-"))
+                     f"| {r.get('prepass_ms', float('nan')):.3f} | {r.get('kernel_ms', float('nan')):.3f} "
+                     f"| {'-' if rb is None else f'{rb:.4f}'} |".replace("nan", "-"))
     return "\n".join(lines) + "\n"

@@ -66,7 +66,8 @@ def _signature(fn, types: dict, const: dict):
 
 def _recipe_constants(recipe: str) -> dict:
     plan = plan_for(get_recipe(recipe))
-    return dict(GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), P_MX=plan.p_mxfp6)
+    return dict(GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), P_MX=plan.p_mxfp6,
+                FLOOR=float(plan.gate_floor), LOWER=plan.gate_floor > 0)
 
 
 def _triton_constants(recipe: str) -> dict:
@@ -101,7 +102,7 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
                  ones_desc=desc(pp.ONES_N.value, bn))
     rc = _recipe_constants(recipe)
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=rc["CAP"], SIGMA=rc["SIGMA"], STAGES=stages,
-             REGS=ops.PP_WORKER_REGS)
+             REGS=ops.PP_WORKER_REGS, FLOOR=rc["FLOOR"] if rc["LOWER"] else float("inf"))
     c.update(const)
     sig, constexprs, attrs = _signature(pp.fsattn_fwd_gluon_pingpong_kernel, types, c)
     src = GluonASTSource(fn=pp.fsattn_fwd_gluon_pingpong_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -110,11 +111,13 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
 
 CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8": (compile_triton, {}),
+    "triton_mxfp8_paper": (compile_triton, dict(recipe="mxfp8-paper")),
     "triton_mxfp8_d64": (compile_triton, dict(d=64)),
     "triton_mxfp6": (compile_triton, dict(recipe="mxfp6")),
     "triton_mxfp8_nogate": (compile_triton, dict(GATE=False)),
     "triton_mxfp8_rowmax_h15": (compile_triton, dict(recipe="mxfp8+exponential=rowmax_h15")),
     "gluon_pingpong": (compile_gluon, {}),
+    "gluon_pingpong_paper": (compile_gluon, dict(recipe="mxfp8-paper")),
     "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
