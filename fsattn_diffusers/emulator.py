@@ -33,7 +33,7 @@ def lowering_gate(tile_max: torch.Tensor, m: torch.Tensor, m_high: torch.Tensor,
     """Rows whose peak in this key tile lies more than ``floor`` doublings below the reference ``m``
     (``Recipe.rollback_floor_log2``), while ``m`` may still go down: it stays above ``m_high`` (the row's highest
     reference) minus :data:`~fsattn_diffusers.recipe.ROLLBACK_FLOOR_LIMIT_LOG2`. A tile with no valid key (peak
-    -inf) never lowers."""
+    -inf) is not low. The reference is lowered at the second such tile in a row (see :func:`_attend_chunk`)."""
     return torch.isfinite(tile_max) & ((tile_max - m) < -floor_log2) & \
         (m - floor_log2 > m_high - ROLLBACK_FLOOR_LIMIT_LOG2)
 
@@ -56,6 +56,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
     neg_inf = torch.tensor(float("-inf"), device=q.device)
     m = torch.full((g, r), float("-inf"), device=q.device)
     m_high = m  # the highest reference so far (bounds a lowering)
+    low_before = torch.zeros((g, r), dtype=torch.bool, device=q.device)  # the previous key tile was low
     l = torch.zeros((g, r), device=q.device)
     o = torch.zeros((g, r, v.shape[-1]), device=q.device)
     n_qt = -(-r // num.tile_m)
@@ -82,8 +83,10 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
             m = m_high = num.seed(tile_max)  # line 2: the speculative reference, frozen from here on
         elif recipe.rollback:
             fire = rollback_gate(tile_max, m, num.cap_log2)
-            if recipe.rollback_floor_log2 is not None:
-                fire = fire | lowering_gate(tile_max, m, m_high, recipe.rollback_floor_log2)
+            if recipe.rollback_floor_log2 is not None:  # lowered at the second low tile in a row: one low tile
+                # between high ones (sharp rows) would only bounce the reference down and back up
+                low = lowering_gate(tile_max, m, m_high, recipe.rollback_floor_log2)
+                fire, low_before = fire | (low & low_before), low
             if bool(fire.any()):  # rare path (lines 8-13): exact power-of-two recovery, up or (lowering) down
                 step = torch.maximum(torch.ceil(tile_max - m), m_high - ROLLBACK_FLOOR_LIMIT_LOG2 - m)
                 delta = torch.where(fire, step, torch.zeros_like(m))

@@ -7,8 +7,9 @@ Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels
    Stage-A constant below is an exact fp32 integer).
 3. Gate (j >= 1): one FMNMX pass gives the row maxima of ``acc``; a row whose maximum passes ``m + cap``
    fires the rare rollback branch (whole CTA): ``m += ceil(max - m)``, ``O, l *= 2^-delta``. With ``LOWER``
-   (``Recipe.rollback_floor_log2``) a row whose maximum lies below ``lo = m - floor`` fires the same branch with a
-   negative ``delta`` (``lo`` is -inf once ``m`` would pass ``m_high - ROLLBACK_FLOOR_LIMIT_LOG2``).
+   (``Recipe.rollback_floor_log2``) a row whose maximum lies below ``lo = m - floor`` in this and the previous key
+   tile fires the same branch with a negative ``delta`` (``lo`` is -inf once ``m`` would pass
+   ``m_high - ROLLBACK_FLOOR_LIMIT_LOG2``).
 4. Stage-A + Stage-B (Sections 4.2-4.3): one FMA carries the whole Schraudolph affine map, the frozen
    maximum and P's scale: ``f = acc * 2^(QE+KE_j+7) + (1.5*2^23 + 128*(127 - eps') + 128*sigma - 128 m)``.
    ``max(f, 1.5*2^23)`` clamps, and the low 16 bits of ``f`` are the BF16 pattern of ``P * 2^sigma``;
@@ -211,13 +212,14 @@ def _add_bias(acc, bias_ptrs, e_t, HAS_BIAS: tl.constexpr):
 
 
 @triton.jit
-def _tile(q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, row_ok,
+def _tile(q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs, vt_ptrs, KE_row, t, n_keys, row_ok,
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
           P_MX: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr, bias_ptrs=None, HAS_BIAS: tl.constexpr = False,
           H15: tl.constexpr = False, H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False,
           FLOOR: tl.constexpr = 0.0):
     """One steady-state key tile (lines 6-18 of Algorithm 1); ``LOWER``: the gate also lowers the reference by
-    whole doublings when the tile's peak is below ``lo`` (``m_high`` the row's highest reference)."""
+    whole doublings when this tile's peak and the previous one's (``low_before``) are below ``lo`` (``m_high`` the
+    row's highest reference)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
     e_t = qe + tl.load(KE_row + t)
@@ -235,7 +237,9 @@ def _tile(q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs, vt_ptrs, KE_row,
             amax = tl.max(acc, axis=1)
         fire = amax > (m + CAP) * pow2(-e_t)
         if LOWER:
-            fire = fire | (amax * pow2(e_t) < lo)
+            low = amax * pow2(e_t) < lo
+            fire = fire | (low & low_before)
+            low_before = low
         if tl.max(fire.to(tl.int32), axis=0) > 0:  # rare rollback (lines 8-13), up or (LOWER) down
             step = tl.math.ceil(amax * pow2(e_t) - m)
             if LOWER:
@@ -253,7 +257,7 @@ def _tile(q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs, vt_ptrs, KE_row,
             ntiles += 1
     o, l = _accumulate(acc, bmax, pow2(e_t + (1 if H15 else 7)), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT, H15,
                        H15_EXP)
-    return o, l, m, c, m_high, lo, nrows, ntiles
+    return o, l, m, c, m_high, lo, low_before, nrows, ntiles
 
 
 # SK is never specialized: Triton would compile S_k == 1 as the constant 1, which folds the key loop to a constant
@@ -304,6 +308,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
             c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         m_high = m
         lo = lowering_trigger(m, m_high, FLOOR)  # used only with LOWER
+        low_before = m != m  # all False: tile 0 set the reference
         bmax0 = acc
         if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
@@ -311,13 +316,13 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                            H15, H15_EXP)
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
-            o, l, m, c, m_high, lo, nrows, ntiles = _tile(
-                q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN, KE_row, t,
+            o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
+                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN, KE_row, t,
                 n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15, H15_EXP,
                 LOWER, FLOOR)
         if (n_full >= 1) & (n_full * BN < n_keys):
-            o, l, m, c, m_high, lo, nrows, ntiles = _tile(
-                q, qe, o, l, m, c, m_high, lo, nrows, ntiles, k_ptrs + n_full * BN * D, vt_ptrs + n_full * BN,
+            o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
+                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + n_full * BN * D, vt_ptrs + n_full * BN,
                 KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + n_full * BN,
                 HAS_BIAS, H15, H15_EXP, LOWER, FLOOR)
     vs = tl.load(VS + bh * D + dcol)

@@ -221,6 +221,7 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
         m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         m_high = m  # the row's highest reference (bounds a lowering)
         lo = _lowering_trigger(m, m_high, FLOOR)
+        low_before = m != m  # all False: tile 0 set the reference
         c = (MAGIC + D_BITS_F16 + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
         pw = _stage_b_words(_stage_a(s, _pow2(e0 + GRID_LOG2), c), p_layout, BM, BN)
         for j in range(1, n_tiles):
@@ -239,7 +240,9 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
             if HAS_BIAS:
                 s = s + bt[None, :] * _pow2(-e_t)
             xmax = gl.max(s, axis=1) * _pow2(e_t)  # the tile's row peaks in doublings (exact scaling)
-            fire = (xmax > m + CAP) | (xmax < lo)  # gate (Algorithm 1 line 8), or a lowering
+            low = xmax < lo
+            fire = (xmax > m + CAP) | (low & low_before)  # gate (Algorithm 1 line 8), or a second low tile in a row
+            low_before = low
             anyfire = _warp_any(fire, WG)  # this warp only
             p = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
             o, p = warpgroup_mma_wait(0, deps=(o, p))

@@ -379,6 +379,30 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
             assert e_k < 0.035
 
 
+@pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
+@pytest.mark.parametrize("pattern", ["HLHLHLHL", "HLLHHHHH", "HLLLLLLL"])
+def test_the_kernels_lower_at_the_second_low_tile_as_the_reference_does(pattern, variant):
+    """Key tiles whose scores sit ~8 doublings above (H) or ~10 below (L) zero (tests/test_rollback_floor.py): the
+    kernels move the reference exactly where the sm90 reference does (same counts) and stay within the rule."""
+    if CPU_INTERPRET and variant == "gluon_pingpong":
+        pytest.skip("Gluon kernels do not run in Triton's interpreter")
+    g = torch.Generator().manual_seed(6)
+    u = torch.nn.functional.normalize(torch.randn(128, generator=g), dim=0)
+    q = (8.0 * u + 0.05 * torch.randn(1, 1, 64, 128, generator=g)).to(torch.bfloat16)
+    level = torch.tensor([8.0 if c == "H" else -10.0 for c in pattern]).repeat_interleave(128)
+    k = (level[:, None] * u + 0.05 * torch.randn(1, 1, level.numel(), 128, generator=g)).to(torch.bfloat16)
+    v = torch.randn(1, 1, level.numel(), 128, generator=g).to(torch.bfloat16)
+    q, k, v = (t.to(DEV) for t in (q, k, v))
+    out, lse, st = _kernel(q, k, v, "mxfp8", None, variant)
+    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, PRESETS["mxfp8"], scale=128 ** -0.5)
+    ex_o, _ = exact(q, k, v, 128 ** -0.5, None)
+    e_k, e_r = rel(out, ex_o), rel(ref_o, ex_o)
+    print(f"{pattern} {variant}: rollbacks kernel {st.tolist()} ref {ref_st['rollbacks']}, err kernel {e_k:.5f} "
+          f"ref {e_r:.5f}, lse maxdiff {float((lse - ref_lse).abs().max()):.2e}")
+    assert int(st[0]) == ref_st["rollbacks"]
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and float((lse - ref_lse).abs().max()) < 5e-2
+
+
 def test_gluon_variant_falls_back_for_mxfp6_p():
     """Recipes with MXFP6 P (mxfp6, mxfp4) run the triton kernel when the gluon variant is asked for; an unknown
     variant name is one clear error."""

@@ -125,3 +125,20 @@ def test_public_call_with_the_default_recipe_recovers_the_sink():
     paper = fa.attention(q, k, v, "mxfp8+rollback_floor_log2=none", layout="bhsd", backend="emulator")
     print(f"public call, mi355x emulator: {relative_error(out, ex):.4f} vs {relative_error(paper, ex):.4f}")
     assert math.isfinite(relative_error(out, ex)) and relative_error(out, ex) <= relative_error(paper, ex) + 2e-3
+
+
+@pytest.mark.parametrize("pattern, moves", [("HLHLHLHL", 0), ("HLLHHHHH", 2), ("HLLLLLLL", 1)])
+def test_the_reference_comes_down_at_the_second_low_tile_in_a_row(pattern, moves):
+    """Key tiles of 128 keys whose scores sit ~8 doublings above (H) or ~10 below (L) zero: one low tile between high
+    ones never lowers the reference (it would only bounce back up); two in a row lower it once per row (and the H
+    after them raises it again: two moves)."""
+    g = torch.Generator().manual_seed(6)
+    u = torch.nn.functional.normalize(torch.randn(128, generator=g), dim=0)
+    q = (8.0 * u + 0.05 * torch.randn(1, 1, 64, 128, generator=g)).to(torch.bfloat16)
+    level = torch.tensor([8.0 if c == "H" else -10.0 for c in pattern]).repeat_interleave(128)
+    k = (level[:, None] * u + 0.05 * torch.randn(1, 1, level.numel(), 128, generator=g)).to(torch.bfloat16)
+    v = torch.randn(1, 1, level.numel(), 128, generator=g).to(torch.bfloat16)
+    out, _, st = _run(_sm90("mxfp8"), q, k, v)
+    ex, _ = exact_attention(q, k, v, SCALE)
+    print(f"{pattern}: rollbacks {st['rollbacks']} for 64 rows, error {relative_error(out, ex):.4f}")
+    assert st["rollbacks"] == 64 * moves
