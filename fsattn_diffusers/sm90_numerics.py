@@ -14,7 +14,9 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    keeps ``m`` on the grid (``delta`` is an integer).
 3. **Gate cap.** P carries one power-of-two scale per row that changes only with ``m``:
    ``P * 2^sigma`` (sigma = 4 for fp8_row, 3 for mxfp6 P), so the gate fires at
-   ``min(cap, 4)`` doublings (plan.P_HEADROOM_LOG2) instead of 32; every P then fits E4M3.
+   ``min(cap, 4)`` doublings (plan.P_HEADROOM_LOG2) instead of 32; every P then fits E4M3. The same scale is
+   why the ``mxfp8`` preset also lowers ``m`` (``Recipe.rollback_floor_log2``, in both numerics modes): below a
+   reference held up by one outlier key every later P would sit in E4M3's subnormals.
 4. **Stage-B.** fp8_row: ``E4M3(P * 2^4)`` (a per-row scale frozen with ``m`` instead of one per key
    tile). mxfp6: the MI355X MXFP6 value, carried as ``E4M3(P_mx * 2^3)`` (exact unless a block max is
    below 2^-7 of the reference).
