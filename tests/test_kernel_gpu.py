@@ -27,6 +27,7 @@ if not CPU_INTERPRET:
         pytest.skip("needs sm_90+", allow_module_level=True)
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
+from tile_patterns import patterned_tiles  # noqa: E402
 
 import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers import sm90_numerics  # noqa: E402
@@ -382,17 +383,11 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
 @pytest.mark.parametrize("pattern", ["HLHLHLHL", "HLLHHHHH", "HLLLLLLL"])
 def test_the_kernels_lower_at_the_second_low_tile_as_the_reference_does(pattern, variant):
-    """Key tiles whose scores sit ~8 doublings above (H) or ~10 below (L) zero (tests/test_rollback_floor.py): the
+    """Key tiles whose scores sit ~8 doublings above (H) or ~10 below (L) zero (tests/tile_patterns.py): the
     kernels move the reference exactly where the sm90 reference does (same counts) and stay within the rule."""
     if CPU_INTERPRET and variant == "gluon_pingpong":
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
-    g = torch.Generator().manual_seed(6)
-    u = torch.nn.functional.normalize(torch.randn(128, generator=g), dim=0)
-    q = (8.0 * u + 0.05 * torch.randn(1, 1, 64, 128, generator=g)).to(torch.bfloat16)
-    level = torch.tensor([8.0 if c == "H" else -10.0 for c in pattern]).repeat_interleave(128)
-    k = (level[:, None] * u + 0.05 * torch.randn(1, 1, level.numel(), 128, generator=g)).to(torch.bfloat16)
-    v = torch.randn(1, 1, level.numel(), 128, generator=g).to(torch.bfloat16)
-    q, k, v = (t.to(DEV) for t in (q, k, v))
+    q, k, v = patterned_tiles(pattern, device=DEV)
     out, lse, st = _kernel(q, k, v, "mxfp8", None, variant)
     ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, PRESETS["mxfp8"], scale=128 ** -0.5)
     ex_o, _ = exact(q, k, v, 128 ** -0.5, None)

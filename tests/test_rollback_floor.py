@@ -8,6 +8,7 @@ import math
 
 import pytest
 import torch
+from tile_patterns import patterned_tiles
 
 import fsattn_diffusers as fa
 from fsattn_diffusers import emulator
@@ -132,12 +133,7 @@ def test_the_reference_comes_down_at_the_second_low_tile_in_a_row(pattern, moves
     """Key tiles of 128 keys whose scores sit ~8 doublings above (H) or ~10 below (L) zero: one low tile between high
     ones never lowers the reference (it would only bounce back up); two in a row lower it once per row (and the H
     after them raises it again: two moves)."""
-    g = torch.Generator().manual_seed(6)
-    u = torch.nn.functional.normalize(torch.randn(128, generator=g), dim=0)
-    q = (8.0 * u + 0.05 * torch.randn(1, 1, 64, 128, generator=g)).to(torch.bfloat16)
-    level = torch.tensor([8.0 if c == "H" else -10.0 for c in pattern]).repeat_interleave(128)
-    k = (level[:, None] * u + 0.05 * torch.randn(1, 1, level.numel(), 128, generator=g)).to(torch.bfloat16)
-    v = torch.randn(1, 1, level.numel(), 128, generator=g).to(torch.bfloat16)
+    q, k, v = patterned_tiles(pattern)
     out, _, st = _run(_sm90("mxfp8"), q, k, v)
     ex, _ = exact_attention(q, k, v, SCALE)
     print(f"{pattern}: rollbacks {st['rollbacks']} for 64 rows, error {relative_error(out, ex):.4f}")
