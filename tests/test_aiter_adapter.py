@@ -9,6 +9,8 @@ import torch
 
 import fsattn_diffusers as fa
 from fsattn_diffusers.backends import aiter_backend
+from fsattn_diffusers.hadamard import rotation_signs
+from fsattn_diffusers.smoothing import subtract_mean, token_mean
 
 
 class AttentionFormat(enum.IntEnum):  # the names AITER exposes (values as in its tests)
@@ -24,11 +26,11 @@ def fake_aiter(monkeypatch):
     calls = []
 
     def mha_v4(q, k, v, qf, kf, vf, softmax_scale=None, out=None, return_lse=False):
-        calls.append(("mha_v4", q, (qf, kf, vf), softmax_scale))
+        calls.append(("mha_v4", q, (qf, kf, vf), softmax_scale, k))
         return q.flip(-1)  # any deterministic function of q, to check the layout round trip
 
     def mha_v4_mxfp8(q, k, v, softmax_scale=None, out=None, return_lse=False):
-        calls.append(("mha_v4_mxfp8", q, (), softmax_scale))
+        calls.append(("mha_v4_mxfp8", q, (), softmax_scale, k))
         return q.flip(-1)
 
     mod = types.SimpleNamespace(AttentionFormat=AttentionFormat, mha_v4=mha_v4, mha_v4_mxfp8=mha_v4_mxfp8)
@@ -41,18 +43,34 @@ def fake_aiter(monkeypatch):
     return calls
 
 
+@pytest.mark.parametrize("paper", [True, False], ids=["paper", "default"])
 @pytest.mark.parametrize("recipe,fn,formats", [
     ("mxfp8", "mha_v4_mxfp8", ()),
     ("mxfp6", "mha_v4", (AttentionFormat.MXFP6,) * 3),
     ("mxfp4", "mha_v4", (AttentionFormat.MXFP4,) * 3),
 ])
-def test_recipes_map_to_aiter_calls(fake_aiter, recipe, fn, formats):
-    q = torch.randn(1, 40, 2, 128)
-    out = fa.attention(q, q, q, recipe, backend="aiter", scale=0.07)
-    name, q_seen, fmts, scale = fake_aiter[-1]
+def test_recipes_map_to_aiter_calls(fake_aiter, recipe, fn, formats, paper):
+    """The paper presets reach AITER's kernels with the inputs as they are; the default presets with K smoothed and
+    the channel signs of the signed rotation applied on the host (AITER's kernel rotates by H itself)."""
+    g = torch.Generator().manual_seed(0)
+    q = torch.randn(1, 40, 2, 128, generator=g)
+    k = torch.randn(1, 40, 2, 128, generator=g) + 3.0  # a shared offset, for K smoothing to remove
+    before = (q.clone(), k.clone())
+    name_ = recipe + ("-paper" if paper else "")
+    out = fa.attention(q, k, k, name_, backend="aiter", scale=0.07)
+    name, q_seen, fmts, scale, k_seen = fake_aiter[-1]
     assert (name, fmts, scale) == (fn, formats, 0.07)
     assert q_seen.dtype == torch.bfloat16 and q_seen.is_contiguous() and q_seen.shape == (1, 40, 2, 128)
-    assert out.dtype == q.dtype and torch.equal(out, q.bfloat16().flip(-1).float())
+    signs = torch.ones(128) if paper else rotation_signs(128)
+    k_host = k.bfloat16().float()
+    if not paper:  # what the emulator subtracts (smoothing.smooth_inputs), on the BHSD view
+        kh = k.transpose(1, 2)
+        k_host = subtract_mean(kh, token_mean(kh)).transpose(1, 2)
+    print(f"{name_}: |mean of K seen| {k_seen.float().mean(dim=1).abs().max():.3e}")
+    assert torch.equal(q_seen.float(), q.bfloat16().float() * signs)
+    assert torch.equal(k_seen.float(), k_host * signs)
+    assert out.dtype == q.dtype and torch.equal(out, (q.bfloat16() * signs.bfloat16()).flip(-1).float())
+    assert torch.equal(q, before[0]) and torch.equal(k, before[1])  # the caller's tensors untouched
 
 
 def test_mxfp8_falls_back_to_mha_v4_formats_without_the_old_entry(fake_aiter):
@@ -63,7 +81,8 @@ def test_mxfp8_falls_back_to_mha_v4_formats_without_the_old_entry(fake_aiter):
 
 
 @pytest.mark.parametrize("kwargs,why", [
-    (dict(recipe=fa.PRESETS["mxfp8"].replace(proxy="u32")), "only the paper's presets"),
+    (dict(recipe=fa.PRESETS["mxfp8"].replace(proxy="u32")), "AITER runs only the presets"),
+    (dict(recipe="mxfp8+smooth_q"), "AITER runs only the presets"),
     (dict(kv_lens=[20]), "key-padding"),
     (dict(return_lse=True), "no LSE"),
 ])

@@ -138,3 +138,18 @@ def test_the_reference_comes_down_at_the_second_low_tile_in_a_row(pattern, moves
     ex, _ = exact_attention(q, k, v, SCALE)
     print(f"{pattern}: rollbacks {st['rollbacks']} for 64 rows, error {relative_error(out, ex):.4f}")
     assert st["rollbacks"] == 64 * moves
+
+
+@pytest.mark.parametrize("family", ["attention_sink", "sharp"])
+def test_the_lowering_changes_no_output_under_the_mi355x_semantics(family):
+    """With a P scale per row and key tile (the paper's kernels), moving the reference by whole doublings only moves
+    Schraudolph's exponent field and P's scale: outputs bit-identical, LSE equal to float rounding. This is why the
+    AITER adapter may run the mxfp8 preset on the paper's kernel, which has no lowering gate."""
+    q, k, v = FAMILIES[family](1, 2, 4096, 128, torch.bfloat16, "cpu", 0)
+    q = q[:, :, :512]
+    on, lse_on, st_on = _run(PRESETS["mxfp8"], q, k, v)
+    off, lse_off, _ = _run(PRESETS["mxfp8"].replace(rollback_floor_log2=None), q, k, v)
+    lse_diff = float((lse_on - lse_off).abs().max())
+    print(f"{family}: {st_on['rollbacks']} rollbacks with the lowering; outputs equal {torch.equal(on, off)}, "
+          f"LSE max |diff| {lse_diff:.1e}")
+    assert torch.equal(on, off) and lse_diff < 1e-5

@@ -5,6 +5,13 @@ is tested (against a stand-in module). Facts used (AITER ``aiter/ops/mha_v4.py``
 contiguous inputs, head dim 128, non-causal, BF16 BSHD output, no LSE; ``AttentionFormat`` names the
 operand formats; the MXFP8 recipe (MX Q/K, per-tensor FP8 V) is ``mha_v4_mxfp8`` in early releases and
 ``mha_v4`` with FP8 formats later.
+
+AITER runs the paper's pipeline (the ``*-paper`` presets). The default presets add three things, honoured here:
+K smoothing is done on the host before the call (``smoothing.subtract_mean``: exact, softmax ignores the per-row
+shift, and AITER returns no LSE to correct); the signed rotation by flipping the signs of Q's and K's channels on the
+host (``H diag(s) x = H (s * x)``, exact; AITER's own rotation then applies ``H``); the lowering gate
+(``rollback_floor_log2``) is a no-op under AITER's semantics, where P carries a scale per row and key tile (the
+emulator's ``mi355x`` mode gives bit-identical outputs with and without it: tests/test_rollback_floor.py).
 """
 
 from __future__ import annotations
@@ -15,7 +22,9 @@ from typing import Callable, Optional, Tuple
 
 import torch
 
-from ..recipe import PRESETS
+from ..hadamard import rotation_signs
+from ..recipe import PAPER_SUFFIX, PRESETS
+from ..smoothing import subtract_mean, token_mean
 from .registry import Backend, register_backend
 
 # AITER's mha_v4 kernels take head dim 128 only.
@@ -42,17 +51,34 @@ def _available(device) -> Optional[str]:
     return None
 
 
+#: Recipe fields the adapter honours around AITER's kernel (see the module docstring), with the paper's values.
+HOST_FIELDS = dict(smooth_k=False, hadamard_signs=False, rollback_floor_log2=None)
+
+
 def preset_of(recipe) -> Optional[str]:
-    """The paper preset ``recipe`` equals (AITER runs exactly those), or None."""
+    """The format name (a key of :data:`AITER_FORMATS`) whose paper preset ``recipe`` equals once the fields the
+    adapter handles (:data:`HOST_FIELDS`) are set to the paper's values, or None: AITER runs only those."""
     for name in AITER_FORMATS:
-        if recipe == PRESETS[name].replace(name=recipe.name):
+        if recipe.replace(**HOST_FIELDS, name=recipe.name) == PRESETS[name + PAPER_SUFFIX].replace(name=recipe.name):
             return name
     return None
 
 
+def host_inputs(q, k, recipe):
+    """``(q, k)`` as AITER must see them for ``recipe``: K smoothed and Q/K channel signs flipped where the recipe
+    asks (new tensors; the caller's are never modified). (B, H, S, D) views in, the same layout out."""
+    if recipe.smooth_k:  # BF16 values, as AITER takes them
+        k = subtract_mean(k, token_mean(k)).to(torch.bfloat16)
+    if recipe.hadamard and recipe.hadamard_signs:
+        signs = rotation_signs(q.shape[-1]).to(q.device)
+        q, k = q * signs.to(q.dtype), k * signs.to(k.dtype)
+    return q, k
+
+
 def _unsupported(q, k, v, recipe, *, kv_lens, return_lse) -> Optional[str]:
     if preset_of(recipe) is None:
-        return f"AITER runs only the paper's presets {', '.join(AITER_FORMATS)} unchanged"
+        return (f"AITER runs only the presets {', '.join(AITER_FORMATS)} and their {PAPER_SUFFIX} forms "
+                f"(fields other than {', '.join(HOST_FIELDS)} unchanged)")
     if q.shape[-1] != AITER_HEAD_DIM:
         return f"AITER mha_v4 needs head dim {AITER_HEAD_DIM}, got {q.shape[-1]}"
     if kv_lens is not None:
@@ -74,6 +100,7 @@ def aiter_call(recipe, mod) -> Tuple[Callable, tuple]:
 def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     mod = _module()
     fn, formats = aiter_call(recipe, mod)
+    q, k = host_inputs(q, k, recipe)
     # Our views are (B, H, S, D); AITER wants contiguous BF16 BSHD.
     q_, k_, v_ = (t.transpose(1, 2).to(torch.bfloat16).contiguous() for t in (q, k, v))
     with warnings.catch_warnings():
