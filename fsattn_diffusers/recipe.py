@@ -66,9 +66,10 @@ class Recipe:
     rollback_floor_log2 : int or None
         Lower the frozen reference when the peaks of two key tiles in a row lie more than ``floor`` doublings below
         it (to the second tile's peak; the row's accumulators scaled up by the same exact power of two, as a
-        rollback scales them down); None never lowers (the paper). With P in FP8 under a per-row scale that moves only with the reference, a reference held up by
-        one early outlier key (an attention sink) pushes every later tile's P into E4M3's subnormals; the lowering
-        brings it back. The reference stays within :data:`ROLLBACK_FLOOR_LIMIT_LOG2` of the row's highest one.
+        rollback scales them down); None never lowers (the paper). With P in FP8 under a per-row scale that moves
+        only with the reference, a reference held up by one early outlier key (an attention sink) pushes every later
+        tile's P into E4M3's subnormals; the lowering brings it back. The reference stays within
+        :data:`ROLLBACK_FLOOR_LIMIT_LOG2` of the row's highest one.
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.

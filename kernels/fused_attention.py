@@ -317,14 +317,14 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         n_full = n_keys // BN
         for t in tl.range(1, n_full, num_stages=NUM_STAGES):
             o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
-                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN, KE_row, t,
-                n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15, H15_EXP,
-                LOWER, FLOOR)
+                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN,
+                KE_row, t, n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15,
+                H15_EXP, LOWER, FLOOR)
         if (n_full >= 1) & (n_full * BN < n_keys):
             o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
-                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + n_full * BN * D, vt_ptrs + n_full * BN,
-                KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + n_full * BN,
-                HAS_BIAS, H15, H15_EXP, LOWER, FLOOR)
+                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + n_full * BN * D,
+                vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT,
+                bias_ptrs + n_full * BN, HAS_BIAS, H15, H15_EXP, LOWER, FLOOR)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

@@ -144,7 +144,8 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         qe, ke, vs, bias if bias is not None else vs, out, lse if lse is not None else stats, stats, flags, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
-        FLOOR=float(plan.gate_floor) if plan.gate_floor else float("inf"), SIGMA=float(plan.p_sigma), STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, num_warps=4)
+        FLOOR=float(plan.gate_floor) if plan.gate_floor else float("inf"), SIGMA=float(plan.p_sigma),
+        STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, num_warps=4)
     if nkw:
         stats[1] += _popcount(flags).to(torch.int32)
 

@@ -80,8 +80,8 @@ def test_gaussian_inputs_are_unchanged_by_the_lowering():
     on, _, st_on = _run(_sm90("mxfp8"), q, k, v)
     off, _, st_off = _run(_sm90("mxfp8+rollback_floor_log2=none"), q, k, v)
     diff = relative_error(on, off)
-    print(f"gaussian: error {relative_error(on, ex):.4f} vs {relative_error(off, ex):.4f}, outputs differ by {diff:.2e}; "
-          f"rollbacks {st_on['rollbacks']} vs {st_off['rollbacks']}")
+    print(f"gaussian: error {relative_error(on, ex):.4f} vs {relative_error(off, ex):.4f}, outputs differ by "
+          f"{diff:.2e}; rollbacks {st_on['rollbacks']} vs {st_off['rollbacks']}")
     assert st_on["rollbacks"] == st_off["rollbacks"] and diff == 0.0
 
 

@@ -19,8 +19,9 @@ def add_arguments(parser) -> None:
                         help=f"comma list of {', '.join(BASELINES)} (those not installed are skipped with a line; "
                              "fa3/fa3-fp8 need the fa3-fwd package)")
     parser.add_argument("--inputs", default="gaussian",
-                        help="comma list of input families: gaussian (random normal, the default) or names of the "
-                             "structured-input suite (fsattn accuracy --suite structured), e.g. attention_sink,locality")
+                        help="comma list of input families: gaussian (random normal, the default) or names of "
+                             "the structured-input suite (fsattn accuracy --suite structured), e.g. "
+                             "attention_sink,locality")
     parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd", help="input layout for our kernel")
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
