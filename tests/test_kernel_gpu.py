@@ -351,13 +351,13 @@ def test_gluon_variant_matches_triton_and_reference(case, variant):
 
 
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
-@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8+rollback_floor_log2=none"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8+rollback_floor_log2=none", "mxfp8+smooth_q"])
 def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, variant):
     """Key 0 a sink (structured family ``attention_sink``): the frozen reference is its score. With the default
     lowering (``rollback_floor_log2=10``) both kernels lower it at the first tile that peaks 10 doublings down, as the
     sm90 reference does (same rollback counts within 2%), and recover the other keys' weights that fp8_row P had
-    flushed; without it they keep the reference. Rule as everywhere: err <= 2 err(ref) + 1e-3, within 2e-2 of it,
-    LSE within 5e-2."""
+    flushed; without it they keep the reference; with Q smoothing (the per-key score term added before the gates) as
+    well. Rule as everywhere: err <= 2 err(ref) + 1e-3, within 2e-2 of it, LSE within 5e-2."""
     if CPU_INTERPRET and variant == "gluon_pingpong":
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     s_k = 2048 if CPU_INTERPRET else 8192
