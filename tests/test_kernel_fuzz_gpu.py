@@ -38,9 +38,10 @@ from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: 
 
 pytestmark = pytest.mark.gpu
 DEV = "cpu" if CPU_INTERPRET else "cuda"
-#: Every preset the kernels run, and Rowmax-H15 (the kernels' second exponential).
+#: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (the per-key score term,
+#: with the lowering gate of the mxfp8 preset).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
-                ) + ("mxfp8+exponential=rowmax_h15",)
+                ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q")
 FUZZ_VARIANTS = VARIANTS + ("api",)
 
 
