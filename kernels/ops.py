@@ -110,7 +110,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         NUM_STAGES=num_stages, RNE_CVT=INTERPRET, H15=plan.h15, H15_EXP=127 + plan.p_sigma,
-        BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None, LOWER=plan.gate_floor > 0,
+        BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None, LOWER=plan.lowers,
         FLOOR=float(plan.gate_floor), num_warps=num_warps)
 
 
@@ -144,7 +144,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         qe, ke, vs, bias if bias is not None else vs, out, lse if lse is not None else stats, stats, flags, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
-        FLOOR=float(plan.gate_floor) if plan.gate_floor else float("inf"), SIGMA=float(plan.p_sigma),
+        FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
         STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, num_warps=4)
     if nkw:
         stats[1] += _popcount(flags).to(torch.int32)

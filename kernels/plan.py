@@ -72,6 +72,17 @@ class KernelPlan:
         return ",".join(str(int(getattr(self, f.name))) for f in dataclasses.fields(self))
 
     @property
+    def lowers(self) -> bool:
+        """Whether the gate also lowers the reference (``gate_floor`` > 0)."""
+        return self.gate_floor > 0
+
+    @property
+    def lowering_floor(self) -> float:
+        """``gate_floor`` as the gluon_pingpong kernel takes it: a runtime threshold in doublings, ``inf`` when the
+        plan never lowers."""
+        return float(self.gate_floor) if self.lowers else float("inf")
+
+    @property
     def qk_t0(self) -> int:
         return CARRY_T0[self.qk_fmt]
 

@@ -73,7 +73,7 @@ def run(args) -> int:
 
     inputs = [x for x in args.inputs.split(",") if x]
     for x in inputs:
-        if x != "gaussian" and x not in FAMILIES:
+        if x not in FAMILIES:
             raise UsageError(f"unknown --inputs {x!r}; accepted: {', '.join(FAMILIES)}")
         if x != "gaussian" and any(s_q != s_k for _, _, s_q, s_k, _ in shapes):
             raise UsageError(f"--inputs {x} needs S_q == S_k in every shape; accepted for S_q != S_k: gaussian")

@@ -67,7 +67,7 @@ def _signature(fn, types: dict, const: dict):
 def _recipe_constants(recipe: str) -> dict:
     plan = plan_for(get_recipe(recipe))
     return dict(GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma), P_MX=plan.p_mxfp6,
-                FLOOR=float(plan.gate_floor), LOWER=plan.gate_floor > 0)
+                FLOOR=float(plan.gate_floor), LOWER=plan.lowers)
 
 
 def _triton_constants(recipe: str) -> dict:
@@ -102,7 +102,7 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
                  ones_desc=desc(pp.ONES_N.value, bn))
     rc = _recipe_constants(recipe)
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=rc["CAP"], SIGMA=rc["SIGMA"], STAGES=stages,
-             REGS=ops.PP_WORKER_REGS, FLOOR=rc["FLOOR"] if rc["LOWER"] else float("inf"))
+             REGS=ops.PP_WORKER_REGS, FLOOR=plan_for(get_recipe(recipe)).lowering_floor)
     c.update(const)
     sig, constexprs, attrs = _signature(pp.fsattn_fwd_gluon_pingpong_kernel, types, c)
     src = GluonASTSource(fn=pp.fsattn_fwd_gluon_pingpong_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
