@@ -40,6 +40,7 @@ from fsattn_diffusers.exponent import LN2 as _LN2
 from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
 
 from .common import RNE_MAGIC
+from .gluon_mxfp6_p import D_BITS, block_max, stage_a_mxfp6, stage_b_mxfp6
 
 # Rows of the query tile per warpgroup (wgmma's M).
 WG_ROWS = gl.constexpr(64)
@@ -96,6 +97,20 @@ def _stage_b_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr
         "{ .reg .b32 a, b; .reg .b16 lo, hi; prmt.b32 a, $1, $2, 0x5410; prmt.b32 b, $3, $4, 0x5410; "
         "cvt.rn.satfinite.e4m3x2.f16x2 lo, a; cvt.rn.satfinite.e4m3x2.f16x2 hi, b; mov.b32 $0, {lo, hi}; }",
         "=r,f,f,f,f", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _f16_words(y, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """MXFP6 P's Stage-B output ``y`` (BM, BN) FP16 as :func:`_stage_b_words` packs fp8_row P: key columns permuted,
+    four E4M3 bytes per int32 word (two ``cvt.rn.satfinite.e4m3x2.f16x2``)."""
+    y = gl.convert_layout(_perm_a_fragment(y, BM, BN), p_layout)
+    lo, hi = gl.split(gl.reshape(y, [BM, BN // 4, 2, 2]))
+    e0, e2 = gl.split(lo)
+    e1, e3 = gl.split(hi)
+    return gl.inline_asm_elementwise(
+        "{ .reg .b32 a, b; .reg .b16 lo, hi; mov.b32 a, {$1, $2}; mov.b32 b, {$3, $4}; "
+        "cvt.rn.satfinite.e4m3x2.f16x2 lo, a; cvt.rn.satfinite.e4m3x2.f16x2 hi, b; mov.b32 $0, {lo, hi}; }",
+        "=r,h,h,h,h", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
 
 
 @gluon.jit
@@ -162,12 +177,45 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, krow0, vrow0, pr
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
-              onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob,
-              soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
+def _stage_a_any(s, bmax, e, c, P_MX: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """Stage-A of tile scores ``s`` (raw GEMM units ``2^-e``): fp8_row P on the FP16 grid (``e128`` unused), MXFP6 P
+    on the BF16 grid with one constant per 32-key block (kernels.gluon_mxfp6_p)."""
+    if P_MX:
+        return stage_a_mxfp6(s, bmax, _pow2(e + 7), c, BM, BN)
+    else:
+        return _stage_a(s, _pow2(e + GRID_LOG2), c), c.to(gl.int32)
+
+
+@gluon.jit
+def _stage_b_any(p, e128, p_layout: gl.constexpr, P_MX: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """Stage-B: ``(words, psum)``, the E4M3 PV operand as int32 words and (MXFP6 P) the row sum of the MXFP6 values;
+    fp8_row P's row sum is taken on the tensor cores (``psum`` 0)."""
+    if P_MX:
+        return stage_b_mxfp6(p, e128, p_layout, BM, BN, _perm_a_fragment)
+    else:
+        return _stage_b_words(p, p_layout, BM, BN), e128.to(gl.float32) * 0.0
+
+
+@gluon.jit
+def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """``(row maxima (BM,) in srow, block maxima)`` of raw scores ``s``; the block maxima (MXFP6 P's scales) only
+    with ``P_MX`` (else the row maxima again)."""
+    if P_MX:
+        bmax = block_max(s, BM, BN)
+        return gl.convert_layout(gl.max(bmax, axis=1), srow), bmax
+    else:
+        xm = gl.max(s, axis=1)
+        return xm, xm
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
+              empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b,
+              h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
     ``HAS_BIAS``: add Q smoothing's per-key term BIAS (B*H, SKP) (doublings) to the scores, scaled into the GEMM's
-    units ``2^-e`` (exact), before the maximum, the gate and Stage-A.
+    units ``2^-e`` (exact), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
+    row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
     Partition arguments cannot be constexprs (they arrive as tensors): the tile sizes come from the shared-memory
     shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` are runtime scalars. ``FLOOR`` (doublings, ``inf``: never)
@@ -187,7 +235,9 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
     ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
     lrow: gl.constexpr = gl.SliceLayout(1, l_layout)
     BM: gl.constexpr = WG_ROWS
-    GRID: gl.constexpr = 1024.0
+    # Stage-A's grid (steps per doubling) and Schraudolph's bias on it: FP16's for fp8_row P, BF16's for MXFP6 P.
+    GRID: gl.constexpr = 128.0 if P_MX else 1024.0
+    BIAS_BITS: gl.constexpr = D_BITS if P_MX else D_BITS_F16
 
     n_tiles = (n_keys + BN - 1) // BN
     qs = q_smem.index(WG)
@@ -203,7 +253,7 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
-    l = gl.zeros([BM], gl.float32, srow)
+    l = gl.zeros([BM], gl.float32, srow)  # MXFP6 P: the row sum; fp8_row P: set from lsum after the loop
     lt = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # one key tile's P8 @ ones (every column the row sum)
     lsum = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # their fp32 sum
     m = gl.full([BM], float("-inf"), gl.float32, srow)
@@ -218,33 +268,42 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
         e0 = qe + gl.load(KE_row)
         if HAS_BIAS:
             s = s + gl.load(bias_row)[None, :] * _pow2(-e0)
-        m = gl.ceil(gl.max(s, axis=1) * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
+        xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
+        m = gl.ceil(xm * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         m_high = m  # the row's highest reference (bounds a lowering)
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m  # all False: tile 0 set the reference
-        c = (MAGIC + D_BITS_F16 + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _stage_b_words(_stage_a(s, _pow2(e0 + GRID_LOG2), c), p_layout, BM, BN)
+        c = (MAGIC + BIAS_BITS + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
+        p, e128 = _stage_a_any(s, bmax, e0, c, P_MX, BM, BN)
+        pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)
+        if P_MX:
+            l = l + gl.convert_layout(psum, srow)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
             pa = _words_to_fp8(pw, p_layout, BM, BN)  # Stage-B of tile j-1 was done at the end of iteration j-1
             mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)  # K_j and V_j (V_{j-1} was waited for with K_{j-1})
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
+            if not P_MX:
+                lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
             if HAS_BIAS:
                 bt = gl.load(bias_row + j * BN)  # issued before the wait
-            s, lt = warpgroup_mma_wait(1, deps=(s, lt))
-            lsum = lsum + lt
+            if P_MX:
+                s = warpgroup_mma_wait(1, deps=(s,))
+            else:
+                s, lt = warpgroup_mma_wait(1, deps=(s, lt))
+                lsum = lsum + lt
             e_t = qe + gl.load(KE_row + j)
             if HAS_BIAS:
                 s = s + bt[None, :] * _pow2(-e_t)
-            xmax = gl.max(s, axis=1) * _pow2(e_t)  # the tile's row peaks in doublings (exact scaling)
+            xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
+            xmax = xm * _pow2(e_t)  # the tile's row peaks in doublings (exact scaling)
             low = xmax < lo
             fire = (xmax > m + CAP) | (low & low_before)  # gate (Algorithm 1 line 8), or a second low tile in a row
             low_before = low
             anyfire = _warp_any(fire, WG)  # this warp only
-            p = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
+            p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
             o, p = warpgroup_mma_wait(0, deps=(o, p))
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
@@ -259,19 +318,28 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
                 lo = _lowering_trigger(m, m_high, FLOOR)
                 c = c - GRID * delta
                 down = gl.exp2(-delta)
-                lsum = lsum * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
+                if P_MX:
+                    l = l * down
+                else:
+                    lsum = lsum * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
                 o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
                 nfired += (fire & row_ok).to(gl.int32)
                 gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32 + rows * 0,
                              (1 << (j % 32)) + rows * 0, mask=fire & (NKW > 0))
-                p = _stage_a(s, _pow2(e_t + GRID_LOG2), c)
-            pw = _stage_b_words(p, p_layout, BM, BN)  # now, so that the GEMM issue window holds no conversion
+                p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
+            pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)  # now: the GEMM issue window holds no conversion
+            if P_MX:
+                l = l + gl.convert_layout(psum, srow)
         last = (n_tiles - 1) % STAGES
         pa = _words_to_fp8(pw, p_layout, BM, BN)
-        lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)
+        if not P_MX:
+            lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)
         o = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), o, is_async=True)
-        o, lt = warpgroup_mma_wait(0, deps=(o, lt))
-        l = gl.convert_layout(gl.max(lsum + lt, axis=1), srow)  # every column holds the row sum
+        if P_MX:
+            o = warpgroup_mma_wait(0, deps=(o,))
+        else:
+            o, lt = warpgroup_mma_wait(0, deps=(o, lt))
+            l = gl.convert_layout(gl.max(lsum + lt, axis=1), srow)  # every column holds the row sum
 
     dcol = gl.arange(0, D, layout=ocol)
     orows = row0 + gl.arange(0, BM, layout=orow)
@@ -288,40 +356,78 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar, k_smem, v_
         gl.atomic_add(STATS, nrows)
 
 
+# The partitions: one function per (warpgroup, Q smoothing's bias, MXFP6 P), since partition arguments cannot be
+# constexprs. They differ only in _consumer's first three arguments.
 @gluon.jit
-def _consumer0(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-               WRITE_LSE, CAP, FLOOR, SIGMA):
-    _consumer(0, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer0_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-                    BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-                    WRITE_LSE, CAP, FLOOR, SIGMA):
-    _consumer(0, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, FLOOR, SIGMA)
+def _consumer0(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+               FLOOR, SIGMA):
+    _consumer(0, False, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
-def _consumer1(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-               BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-               WRITE_LSE, CAP, FLOOR, SIGMA):
-    _consumer(1, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, FLOOR, SIGMA)
+def _consumer0_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+                  LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                  FLOOR, SIGMA):
+    _consumer(0, False, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
-def _consumer1_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-                    BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-                    WRITE_LSE, CAP, FLOOR, SIGMA):
-    _consumer(1, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS,
-              BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-              CAP, FLOOR, SIGMA)
+def _consumer0_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+                    LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                    FLOOR, SIGMA):
+    _consumer(0, True, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
+
+
+@gluon.jit
+def _consumer0_bias_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+                       LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                       FLOOR, SIGMA):
+    _consumer(0, True, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
+
+
+@gluon.jit
+def _consumer1(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+               FLOOR, SIGMA):
+    _consumer(1, False, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
+
+
+@gluon.jit
+def _consumer1_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+                  LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                  FLOOR, SIGMA):
+    _consumer(1, False, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
+
+
+@gluon.jit
+def _consumer1_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+                    LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                    FLOOR, SIGMA):
+    _consumer(1, True, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
+
+
+@gluon.jit
+def _consumer1_bias_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
+                       LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                       FLOOR, SIGMA):
+    _consumer(1, True, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
+              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
@@ -330,7 +436,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
                                      D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr,
                                      WRITE_LSE: gl.constexpr, CAP: gl.constexpr, FLOOR: gl.constexpr,
                                      SIGMA: gl.constexpr,
-                                     STAGES: gl.constexpr, REGS: gl.constexpr, HAS_BIAS: gl.constexpr = False):
+                                     STAGES: gl.constexpr, REGS: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+                                     P_MX: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -378,6 +485,11 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
             LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
             SIGMA)
     if HAS_BIAS:
-        gl.warp_specialize([(_consumer0_bias, args), (_consumer1_bias, args)], [4], [REGS])
+        if P_MX:
+            gl.warp_specialize([(_consumer0_bias_mx, args), (_consumer1_bias_mx, args)], [4], [REGS])
+        else:
+            gl.warp_specialize([(_consumer0_bias, args), (_consumer1_bias, args)], [4], [REGS])
+    elif P_MX:
+        gl.warp_specialize([(_consumer0_mx, args), (_consumer1_mx, args)], [4], [REGS])
     else:
         gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])

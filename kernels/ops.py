@@ -21,13 +21,13 @@ BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 3
 # Kernel variants, named for what they are (FSATTN_KERNEL_VARIANT picks one; the default covers every recipe):
-# "gluon_pingpong" (default): kernels/fused_attention_gluon_pingpong.py, the gated fp8_row-P recipes (mxfp8) in
-#   Gluon: two free-running warpgroups per 128-row tile, every GEMM asynchronous, the softmax of key tile j under
-#   the PV GEMM of tile j-1, the row sum on the tensor cores. H200, paper shape, kernel-only: ~945 TFLOP/s.
+# "gluon_pingpong" (default): kernels/fused_attention_gluon_pingpong.py, the gated recipes (mxfp8 with fp8_row P; mxfp6
+#   and mxfp4 with MXFP6 P, kernels/gluon_mxfp6_p.py) in Gluon: two free-running warpgroups per 128-row tile, every GEMM
+#   asynchronous, the softmax of key tile j under the PV GEMM of tile j-1; fp8_row P's row sum on the tensor cores.
+#   H200, paper shape, kernel-only, mxfp8: ~945 TFLOP/s.
 # "triton": kernels/fused_attention.py, two warpgroups on one 128-row tile in triton.language, mxfp6 P's Stage-B by
 #   a scaled E4M3 conversion, P's key columns in the FP8 A-fragment order. It runs every recipe the other does not
-#   (mxfp6/mxfp4 P, no gate, Rowmax-H15) and under the interpreter. H200, paper shape: mxfp8 ~795, mxfp6/mxfp4 ~632
-#   TFLOP/s.
+#   (no gate, Rowmax-H15) and under the interpreter. H200, paper shape: mxfp8 ~795, mxfp6/mxfp4 ~632 TFLOP/s.
 # Both give the same values up to the row sum's summation order (tests/test_kernel_gpu.py).
 GLUON_PINGPONG = "gluon_pingpong"
 TRITON = "triton"
@@ -37,12 +37,12 @@ PP_STAGES = 4
 
 
 def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
-    """The variant that runs ``plan``: "gluon_pingpong" covers gated fp8_row P with Schraudolph's exponential (mxfp8)
-    on a GPU, else "triton"."""
+    """The variant that runs ``plan``: "gluon_pingpong" covers the gated recipes with Schraudolph's exponential (mxfp8,
+    mxfp6, mxfp4: fp8_row or MXFP6 P) on a GPU, else "triton"."""
     variant = variant or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    if variant == GLUON_PINGPONG and (plan.p_mxfp6 or not plan.gate or plan.h15 or INTERPRET):
+    if variant == GLUON_PINGPONG and (not plan.gate or plan.h15 or INTERPRET):
         return TRITON
     return variant
 
@@ -145,7 +145,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
-        STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, num_warps=4)
+        STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, P_MX=plan.p_mxfp6, num_warps=4)
     if nkw:
         stats[1] += _popcount(flags).to(torch.int32)
 

@@ -314,28 +314,29 @@ GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 
 
 
 @pytest.mark.parametrize("variant", ["gluon_pingpong"])
+@pytest.mark.parametrize("recipe", RECIPES)
 @pytest.mark.parametrize("case", [c if len(c) == 8 else (*c, False) for c in GLUON_CASES],
                          ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-kv{c[6]}-spiky{c[7]}")
-def test_gluon_variant_matches_triton_and_reference(case, variant):
-    """FSATTN_KERNEL_VARIANT=gluon_pingpong (mxfp8; asynchronous GEMMs, softmax under the PV GEMM, TMA loads, NaN-padded
-    keys as the mask, two free-running warpgroups, row sum on the tensor cores): the same values as the triton variant
-    up to the row sum's summation order, the tolerance rule against the reference, no unwritten element, -inf LSE
-    exactly where no key is valid, the same rollbacks."""
+def test_gluon_variant_matches_triton_and_reference(case, recipe, variant):
+    """FSATTN_KERNEL_VARIANT=gluon_pingpong (asynchronous GEMMs, softmax under the PV GEMM, TMA loads, NaN-padded keys
+    as the mask, two free-running warpgroups; fp8_row P's row sum on the tensor cores, MXFP6 P's in registers): the
+    same values as the triton variant up to the row sum's summation order, the tolerance rule against the reference,
+    no unwritten element, -inf LSE exactly where no key is valid, the same rollbacks."""
     if CPU_INTERPRET:
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     b, h, s_q, s_k, d, layout, lens, spiky = case
     q, k, v = make(b, h, s_q, s_k, d, layout, seed=21, spiky=spiky)
     kv = None if lens is None else torch.tensor(lens, device=DEV)
     poison_allocator()
-    of, lf, sf = _kernel(q, k, v, "mxfp8", kv, "triton")
-    og, lg, sg = _kernel(q, k, v, "mxfp8", kv, variant)
+    of, lf, sf = _kernel(q, k, v, recipe, kv, "triton")
+    og, lg, sg = _kernel(q, k, v, recipe, kv, variant)
     scale = 1.0 / math.sqrt(d)
-    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, PRESETS["mxfp8"], scale=scale, kv_lens=kv)
+    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
     ex_o, ex_lse = exact(q, k, v, scale, kv)
     e_g, e_r = rel(og, ex_o), rel(ref_o, ex_o)
     finite = torch.isfinite(ex_lse)
     lse_diff = float((lg - lf)[finite].abs().max()) if finite.any() else 0.0
-    print(f"{variant} {case}: gluon-vs-triton {rel(og, of):.2e} gluon-vs-ref {rel(og, ref_o):.2e} err gluon {e_g:.5f} "
+    print(f"{variant} {recipe} {case}: gluon-vs-triton {rel(og, of):.2e} gluon-vs-ref {rel(og, ref_o):.2e} err gluon {e_g:.5f} "
           f"ref {e_r:.5f} | lse gluon-triton {lse_diff:.2e} | stats triton {sf.tolist()} gluon {sg.tolist()} "
           f"ref {ref_st}")
     assert not torch.isnan(og).any(), "unwritten (NaN-poisoned) or NaN output"
@@ -351,7 +352,7 @@ def test_gluon_variant_matches_triton_and_reference(case, variant):
 
 
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
-@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8+rollback_floor_log2=none", "mxfp8+smooth_q"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8+rollback_floor_log2=none", "mxfp8+smooth_q", "mxfp6"])
 def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, variant):
     """Key 0 a sink (structured family ``attention_sink``): the frozen reference is its score. With the default
     lowering (``rollback_floor_log2=10``) both kernels lower it at the first tile that peaks 10 doublings down, as the
@@ -398,14 +399,17 @@ def test_the_kernels_lower_at_the_second_low_tile_as_the_reference_does(pattern,
     assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and float((lse - ref_lse).abs().max()) < 5e-2
 
 
-def test_gluon_variant_falls_back_for_mxfp6_p():
-    """Recipes with MXFP6 P (mxfp6, mxfp4) run the triton kernel when the gluon variant is asked for; an unknown
-    variant name is one clear error."""
+def test_gluon_variant_covers_the_gated_recipes_and_falls_back_otherwise():
+    """The gated Schraudolph recipes (mxfp8, mxfp6, mxfp4: fp8_row and MXFP6 P) run the gluon variant on a GPU; no gate
+    and Rowmax-H15 run the triton kernel when the gluon variant is asked for; an unknown variant name is one clear
+    error."""
     from fsattn_diffusers.kernels.ops import effective_variant
 
-    assert effective_variant("gluon_pingpong", plan_for(PRESETS["mxfp6"])) == "triton"
     want = "triton" if CPU_INTERPRET else "gluon_pingpong"
-    assert effective_variant("gluon_pingpong", plan_for(PRESETS["mxfp8"])) == want
+    for name in RECIPES:
+        assert effective_variant("gluon_pingpong", plan_for(PRESETS[name])) == want
+    for name in ("mxfp6+rollback=False", H15):
+        assert effective_variant("gluon_pingpong", plan_for(get_recipe(name))) == "triton"
     with pytest.raises(ValueError, match="accepted: gluon_pingpong, triton"):
         effective_variant("gluonpp", plan_for(PRESETS["mxfp8"]))
 

@@ -122,6 +122,9 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
     "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q", HAS_BIAS=True)),
+    "gluon_pingpong_mxfp6": (compile_gluon, dict(recipe="mxfp6", P_MX=True)),
+    "gluon_pingpong_mxfp6_d64": (compile_gluon, dict(recipe="mxfp6", P_MX=True, d=64)),
+    "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q", P_MX=True, HAS_BIAS=True)),
     "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q", HAS_BIAS=True)),
 }
 
