@@ -410,6 +410,9 @@ def test_gluon_variant_covers_the_gated_recipes_and_falls_back_otherwise():
         assert effective_variant("gluon_pingpong", plan_for(PRESETS[name])) == want
     for name in ("mxfp6+rollback=False", H15):
         assert effective_variant("gluon_pingpong", plan_for(get_recipe(name))) == "triton"
+    for name in ("mxfp6", "mxfp4"):  # MXFP6 P with kv_lens: triton (ops.effective_variant says why)
+        assert effective_variant("gluon_pingpong", plan_for(PRESETS[name]), has_kv_lens=True) == "triton"
+    assert effective_variant("gluon_pingpong", plan_for(PRESETS["mxfp8"]), has_kv_lens=True) == want
     with pytest.raises(ValueError, match="accepted: gluon_pingpong, triton"):
         effective_variant("gluonpp", plan_for(PRESETS["mxfp8"]))
 
