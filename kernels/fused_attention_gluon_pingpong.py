@@ -262,7 +262,8 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
     if n_keys > 0:
         mbarrier.wait(qbar.index(WG), 0)
         mbarrier.wait(kvbar.index(0), 0)
-        mbarrier.wait(onesbar.index(0), 0)
+        if not P_MX:
+            mbarrier.wait(onesbar.index(0), 0)
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         e0 = qe + gl.load(KE_row)
@@ -474,10 +475,13 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
         mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
         tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
                                         q_smem.index(i))
-    # the ones tile of the tensor-core row sum, by TMA (a ones tile stored to shared memory from registers gave row
-    # sums at half their value on the H200)
-    mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
-    tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
+    # the ones tile of the tensor-core row sum (fp8_row P), by TMA (a ones tile stored to shared memory from registers
+    # gave row sums at half their value on the H200). Not with MXFP6 P: its partitions never read the tile, so the
+    # allocator gave its bytes to the partitions' captured arguments, and the late TMA write replaced the captured key
+    # count (kv_lens) with E4M3 ones: the partitions then waited for key tiles that were never loaded (a hang on the H200).
+    if not P_MX:
+        mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
+        tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
 

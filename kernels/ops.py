@@ -36,17 +36,13 @@ VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", GLUON_PINGPONG)
 PP_STAGES = 4
 
 
-def effective_variant(variant: Optional[str], plan: KernelPlan, has_kv_lens: bool = False) -> str:
-    """The variant that runs ``plan``: "gluon_pingpong" covers the gated recipes with Schraudolph's exponential on a GPU
-    (mxfp8 always; mxfp6 and mxfp4, MXFP6 P, when the call has no ``kv_lens``), else "triton".
-
-    MXFP6 P with ``kv_lens`` runs "triton": on the H200 the gluon_pingpong kernel with MXFP6 P and ``kv_lens`` hung
-    when a batch entry had a single key tile and the grid more than one program (e.g. (B, H, S_q, S_k) = (1, 2, 256,
-    77), kv_lens [77]; the same call without kv_lens, or with H = 1, ran), and the cause is not found."""
+def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
+    """The variant that runs ``plan``: "gluon_pingpong" covers the gated recipes with Schraudolph's exponential (mxfp8,
+    mxfp6, mxfp4: fp8_row or MXFP6 P) on a GPU, else "triton"."""
     variant = variant or VARIANT
     if variant not in VARIANTS:
         raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
-    if variant == GLUON_PINGPONG and (not plan.gate or plan.h15 or INTERPRET or (plan.p_mxfp6 and has_kv_lens)):
+    if variant == GLUON_PINGPONG and (not plan.gate or plan.h15 or INTERPRET):
         return TRITON
     return variant
 
@@ -71,7 +67,7 @@ class KernelOperands(NamedTuple):
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None
             ) -> KernelOperands:
     """All operands for the attention kernel (see kernels.prepass), smoothing included."""
-    variant = effective_variant(variant, plan, kv_lens is not None)
+    variant = effective_variant(variant, plan)
     nan_pad = variant == GLUON_PINGPONG
     valid = None
     if plan.smooth_k and kv_lens is not None:
@@ -95,7 +91,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     to skip the counting. With K smoothing ``lse`` receives the log-sum-exp of the
     smoothed scores: add ``smoothing.lse_offset(q, ops.k_mean, scale)`` for the true one (``fused_attention`` does).
     """
-    variant = effective_variant(variant, plan, kv_lens is not None)
+    variant = effective_variant(variant, plan)
     if num_stages is None:
         num_stages = PP_STAGES if variant == GLUON_PINGPONG else NUM_STAGES
     q8, qe, k8, ke, v8t, vs, bias, _ = ops

@@ -87,8 +87,7 @@ def test_kernel_fuzz():
         log.write(header + "\n")
         for case in cases:
             r = run_case(case, kernel, reference, DEV)
-            runs = effective_variant(None if case.variant == "api" else case.variant, plan_for(get_recipe(case.recipe)),
-                                    case.kv_lens is not None)
+            runs = effective_variant(None if case.variant == "api" else case.variant, plan_for(get_recipe(case.recipe)))
             line = case_line(r) + f" (runs {runs})"
             results.append(r)
             print(line, flush=True)

@@ -310,7 +310,10 @@ def test_permuted_v_is_a_key_permutation(recipe):
     assert torch.equal(vs_plain, vs_perm)
 
 
-GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 2000, 64, "bhsd", None, False)]
+# The last two: one key tile under kv_lens with more than one program, where the MXFP6-P build once hung (the
+# partitions' captured key count shared bytes with the unused ones tile, which a late TMA write overwrote).
+GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 2000, 64, "bhsd", None, False),
+                       (1, 2, 256, 77, 128, "bhsd", [77], False), (1, 2, 256, 256, 128, "bhsd", [97], False)]
 
 
 @pytest.mark.parametrize("variant", ["gluon_pingpong"])
@@ -410,9 +413,6 @@ def test_gluon_variant_covers_the_gated_recipes_and_falls_back_otherwise():
         assert effective_variant("gluon_pingpong", plan_for(PRESETS[name])) == want
     for name in ("mxfp6+rollback=False", H15):
         assert effective_variant("gluon_pingpong", plan_for(get_recipe(name))) == "triton"
-    for name in ("mxfp6", "mxfp4"):  # MXFP6 P with kv_lens: triton (ops.effective_variant says why)
-        assert effective_variant("gluon_pingpong", plan_for(PRESETS[name]), has_kv_lens=True) == "triton"
-    assert effective_variant("gluon_pingpong", plan_for(PRESETS["mxfp8"]), has_kv_lens=True) == want
     with pytest.raises(ValueError, match="accepted: gluon_pingpong, triton"):
         effective_variant("gluonpp", plan_for(PRESETS["mxfp8"]))
 
