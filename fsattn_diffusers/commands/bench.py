@@ -85,7 +85,7 @@ def run(args) -> int:
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment()
     env["kernel_variant"] = args.variant or os.environ.get(
-        "FSATTN_KERNEL_VARIANT", "gluon_pingpong (gated recipes; MXFP6 P without kv_lens), triton (others)")
+        "FSATTN_KERNEL_VARIANT", "gluon_pingpong (gated recipes), triton (others)")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
     results = []
     for shp in shapes:
