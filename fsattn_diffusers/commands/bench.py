@@ -27,8 +27,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None, choices=("gluon_pingpong", "triton"),
-                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluon_pingpong for mxfp8 and "
-                             "triton for the rest); gluon_pingpong covers mxfp8 only, the other recipes run triton")
+                        help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluon_pingpong for the gated "
+                             "recipes mxfp8/mxfp6/mxfp4 and triton for the rest); recipes gluon_pingpong does not "
+                             "cover (no gate, Rowmax-H15) run triton")
     parser.add_argument("--json", metavar="PATH", help="also write the results as JSON")
     parser.add_argument("--markdown", metavar="PATH", help="also write a markdown report")
 
