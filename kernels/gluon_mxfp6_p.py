@@ -10,8 +10,9 @@ The values are those of ``kernels.fused_attention._stage_ab_gated`` (P_MX) and o
 * adding ``128 (123 - E)`` to Stage-A's constant maps ``2^s`` onto E4M3's smallest normal ``2^-6``: E4M3's
   nearest-even conversion there is E2M3's rounding (3 mantissa bits, quantum ``2^(s-3)`` below ``2^s``), clamped at
   ``7.5 * 2^-6`` (E2M3's largest value);
-* the code times ``2^(s+6)`` (FP16, exact) rounded to E4M3 is the PV operand; the row sum adds the codes per block
-  (FP16, exact: at most 32 multiples of 2^-9 below 0.12) times ``2^(s+6)`` in fp32.
+* the code times ``2^(s+6)`` (FP16, exact) rounded to E4M3 is the PV operand; the row sum adds the codes of each
+  four keys (FP16, exact: multiples of 2^-9 below 0.12), times ``2^(s+6)`` in fp32, then the row in fp32 (on the H200
+  the same outputs and LSE as the triton kernel, tests/test_kernel_gpu.py).
 
 Blocks whose maximum is below 2^-120 are taken as ``E = 7`` (their P8 is 0 either way, their sums below 2^-110).
 """
