@@ -100,20 +100,6 @@ def _stage_b_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr
 
 
 @gluon.jit
-def _f16_words(y, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """MXFP6 P's Stage-B output ``y`` (BM, BN) FP16 as :func:`_stage_b_words` packs fp8_row P: key columns permuted,
-    four E4M3 bytes per int32 word (two ``cvt.rn.satfinite.e4m3x2.f16x2``)."""
-    y = gl.convert_layout(_perm_a_fragment(y, BM, BN), p_layout)
-    lo, hi = gl.split(gl.reshape(y, [BM, BN // 4, 2, 2]))
-    e0, e2 = gl.split(lo)
-    e1, e3 = gl.split(hi)
-    return gl.inline_asm_elementwise(
-        "{ .reg .b32 a, b; .reg .b16 lo, hi; mov.b32 a, {$1, $2}; mov.b32 b, {$3, $4}; "
-        "cvt.rn.satfinite.e4m3x2.f16x2 lo, a; cvt.rn.satfinite.e4m3x2.f16x2 hi, b; mov.b32 $0, {lo, hi}; }",
-        "=r,h,h,h,h", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
 def _words_to_fp8(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
     """The inverse of :func:`_stage_b_words`' packing: the (BM, BN) E4M3 A operand in ``p_layout`` (no instructions:
     each word is reused as the register holding its four bytes)."""
@@ -217,9 +203,10 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
     units ``2^-e`` (exact), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
     row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
-    Partition arguments cannot be constexprs (they arrive as tensors): the tile sizes come from the shared-memory
-    shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` are runtime scalars. ``FLOOR`` (doublings, ``inf``: never)
-    lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
+    Both partitions run this function; ``WG``, ``HAS_BIAS`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
+    tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as runtime
+    scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never) lowers
+    the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
@@ -357,80 +344,6 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
         gl.atomic_add(STATS, nrows)
 
 
-# The partitions: one function per (warpgroup, Q smoothing's bias, MXFP6 P), since partition arguments cannot be
-# constexprs. They differ only in _consumer's first three arguments.
-@gluon.jit
-def _consumer0(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-               FLOOR, SIGMA):
-    _consumer(0, False, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer0_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-                  LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                  FLOOR, SIGMA):
-    _consumer(0, False, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer0_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-                    LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                    FLOOR, SIGMA):
-    _consumer(0, True, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer0_bias_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-                       LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                       FLOOR, SIGMA):
-    _consumer(0, True, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer1(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-               LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-               FLOOR, SIGMA):
-    _consumer(1, False, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer1_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-                  LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                  FLOOR, SIGMA):
-    _consumer(1, False, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer1_bias(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-                    LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                    FLOOR, SIGMA):
-    _consumer(1, True, False, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _consumer1_bias_mx(q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-                       LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                       FLOOR, SIGMA):
-    _consumer(1, True, True, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE,
-              KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
 @gluon.jit
 def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS,
                                      NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
@@ -488,12 +401,6 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
     args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
             LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
             SIGMA)
-    if HAS_BIAS:
-        if P_MX:
-            gl.warp_specialize([(_consumer0_bias_mx, args), (_consumer1_bias_mx, args)], [4], [REGS])
-        else:
-            gl.warp_specialize([(_consumer0_bias, args), (_consumer1_bias, args)], [4], [REGS])
-    elif P_MX:
-        gl.warp_specialize([(_consumer0_mx, args), (_consumer1_mx, args)], [4], [REGS])
-    else:
-        gl.warp_specialize([(_consumer0, args), (_consumer1, args)], [4], [REGS])
+    # one partition per 64-row warpgroup, both running _consumer (WG, HAS_BIAS, P_MX as constexprs)
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), HAS_BIAS, P_MX) + args),
+                        (_consumer, (gl.constexpr(1), HAS_BIAS, P_MX) + args)], [4], [REGS])
