@@ -15,6 +15,12 @@ ROUND_UP_175_ADD = 0x00200000
 # 1.5 * 2^23: adding it to |t| < 2^22 leaves round-half-even(t) in the low mantissa bits (ulp = 1); Stage-A's
 # FMA lands the 16-bit proxy pattern there the same way (Section 4.2).
 RNE_MAGIC = tl.constexpr(12582912.0)
+# MXFP6 P's Stage-B (both kernels; sm90_numerics.mxfp6_p_scaled_e4m3): E2M3's largest value 7.5 with the block scale
+# mapped onto E4M3's smallest normal 2^-6; 128 * 7, the smallest exponent field taken for a block (E = 7); and
+# 2^23 + 128 * 123, so that (2^23 + 128 E) - MXFP6_ANCHOR_OFFSET = 128 (E - 123) exactly.
+E2M3_MAX_SCALED = tl.constexpr(0.1171875)
+MXFP6_E128_MIN = tl.constexpr(896)
+MXFP6_ANCHOR_OFFSET = tl.constexpr(8388608.0 + 15744.0)
 
 
 @triton.jit

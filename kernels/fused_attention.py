@@ -29,7 +29,7 @@ from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
 
-from .common import RNE_MAGIC as MAGIC, pow2, round_elem
+from .common import E2M3_MAX_SCALED, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, RNE_MAGIC as MAGIC, pow2, round_elem
 
 # f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
 # Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).
@@ -116,8 +116,6 @@ def _stage_ab_ungated(acc, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl
     return p.to(tl.float8e4nv), psum
 
 
-# 7.5 * 2^-6 (E2M3's largest value with the block scale mapped onto E4M3's smallest normal 2^-6).
-E2M3_MAX_SCALED = tl.constexpr(0.1171875)
 
 
 @triton.jit
@@ -159,9 +157,9 @@ def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN
         a6 = tl.reshape(acc, (BM, BN // 32, 2, 2, 4, 2))
         c6 = c[:, None, None, None, None, None]
         fmax = tl.maximum(amax * s128 + c6, MAGIC)  # s128: a scalar; amax (BM, BN // 32, 1, 1, 1, 1)
-        e128 = tl.maximum(fmax.to(tl.int32, bitcast=True) & 0x7F80, 896)  # 128 * max(E, 7)
+        e128 = tl.maximum(fmax.to(tl.int32, bitcast=True) & 0x7F80, MXFP6_E128_MIN)  # 128 * max(E, 7)
         # c_b = c + 128 (123 - E), exact: (2^23 + 128 E) - (2^23 + 15744) is an exact small integer.
-        cb = c6 - ((e128 | 0x4B000000).to(tl.float32, bitcast=True) - (8388608.0 + 15744.0))
+        cb = c6 - ((e128 | 0x4B000000).to(tl.float32, bitcast=True) - MXFP6_ANCHOR_OFFSET)
         g = tl.maximum(a6 * s128 + cb, MAGIC)
         x = (g.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
         if RNE_CVT:

@@ -19,24 +19,23 @@ Blocks whose maximum is below 2^-120 are taken as ``E = 7`` (their P8 is 0 eithe
 
 from __future__ import annotations
 
+import struct
+
 from triton.experimental import gluon
 from triton.experimental.gluon import language as gl
 
 from fsattn_diffusers import sm90_numerics
+from fsattn_diffusers.formats import MX_BLOCK
 
-from .common import RNE_MAGIC
+from .common import E2M3_MAX_SCALED, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, RNE_MAGIC
 
 MAGIC = RNE_MAGIC
 # 128 * (127 - eps') with eps' = 7/128: Schraudolph's bias on BF16's 1/128 grid (sm90_numerics.D_BITS).
 D_BITS = gl.constexpr(float(sm90_numerics.D_BITS))
 # Keys per MX block of P.
-BLOCK = gl.constexpr(32)
-# E2M3's largest value 7.5 with the block scale mapped onto E4M3's smallest normal 2^-6.
-E2M3_MAX_SCALED = gl.constexpr(0.1171875)
-# 2^23 + 128 * 123: (2^23 + 128 E) - this = 128 (E - 123), exactly.
-ANCHOR_OFFSET = gl.constexpr(8388608.0 + 15744.0)
-# 128 * 7: the smallest exponent field taken for a block (E = 7).
-E128_MIN = gl.constexpr(896)
+BLOCK = gl.constexpr(MX_BLOCK)
+# f16x2 splat of E2M3_MAX_SCALED, the clamp of Stage-B's inline assembly.
+_CLAMP_F16X2 = struct.unpack("<I", struct.pack("<ee", E2M3_MAX_SCALED.value, E2M3_MAX_SCALED.value))[0]
 
 
 @gluon.jit
@@ -54,8 +53,8 @@ def stage_a_mxfp6(s, bmax, s128, c, BM: gl.constexpr, BN: gl.constexpr):
     two), ``c`` (BM,) the row's BF16-grid constant ``MAGIC + D_BITS + 128 sigma - 128 m``."""
     cl = gl.convert_layout(c, gl.SliceLayout(1, bmax.type.layout))[:, None]
     fmax = gl.maximum(bmax * s128 + cl, MAGIC)
-    e128 = gl.maximum(fmax.to(gl.int32, bitcast=True) & 0x7F80, E128_MIN)
-    cb = cl - ((e128 | 0x4B000000).to(gl.float32, bitcast=True) - ANCHOR_OFFSET)  # c + 128 (123 - E), exact
+    e128 = gl.maximum(fmax.to(gl.int32, bitcast=True) & 0x7F80, MXFP6_E128_MIN)
+    cb = cl - ((e128 | 0x4B000000).to(gl.float32, bitcast=True) - MXFP6_ANCHOR_OFFSET)  # c + 128 (123 - E), exact
     g = gl.maximum(gl.reshape(s, [BM, BN // BLOCK, BLOCK]) * s128 + cb[:, :, None], MAGIC)
     return g, e128
 
@@ -67,7 +66,8 @@ STAGE_B_ASM = gl.constexpr(
     "{ .reg .b32 x0, x1, x2, x3, ha, hb, cl; .reg .b16 a, b, u, v; "
     "shl.b32 x0, $2, 16; shl.b32 x1, $3, 16; shl.b32 x2, $4, 16; shl.b32 x3, $5, 16; "
     "cvt.rn.satfinite.e4m3x2.f32 a, x1, x0; cvt.rn.satfinite.e4m3x2.f32 b, x3, x2; "
-    "cvt.rn.f16x2.e4m3x2 ha, a; cvt.rn.f16x2.e4m3x2 hb, b; mov.b32 cl, 0x2F802F80; "
+    "cvt.rn.f16x2.e4m3x2 ha, a; cvt.rn.f16x2.e4m3x2 hb, b; "
+    f"mov.b32 cl, {_CLAMP_F16X2:#010x}; "
     "min.f16x2 ha, ha, cl; min.f16x2 hb, hb, cl; "
     "add.rn.f16x2 cl, ha, hb; mov.b32 {u, v}, cl; add.rn.f16 u, u, v; cvt.f32.f16 $1, u; "
     "mul.rn.f16x2 ha, ha, $6; mul.rn.f16x2 hb, hb, $6; "
