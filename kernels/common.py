@@ -7,6 +7,8 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
+from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
+
 # fp32 bit fields.
 F32_EXP_MASK = 0x7F800000
 F32_MANT_ONES = 0x007FFFFF
@@ -15,6 +17,8 @@ ROUND_UP_175_ADD = 0x00200000
 # 1.5 * 2^23: adding it to |t| < 2^22 leaves round-half-even(t) in the low mantissa bits (ulp = 1); Stage-A's
 # FMA lands the 16-bit proxy pattern there the same way (Section 4.2).
 RNE_MAGIC = tl.constexpr(12582912.0)
+# How far below the row's highest reference a lowering may take it (both kernels; recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
+FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 # MXFP6 P's Stage-B (both kernels; sm90_numerics.mxfp6_p_scaled_e4m3): E2M3's largest value 7.5 with the block scale
 # mapped onto E4M3's smallest normal 2^-6; 128 * 7, the smallest exponent field taken for a block (E = 7); and
 # 2^23 + 128 * 123, so that (2^23 + 128 E) - MXFP6_ANCHOR_OFFSET = 128 (E - 123) exactly.

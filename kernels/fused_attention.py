@@ -27,9 +27,9 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
-from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
 
-from .common import E2M3_MAX_SCALED, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, RNE_MAGIC as MAGIC, pow2, round_elem
+from .common import (E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, RNE_MAGIC as MAGIC, pow2,
+                     round_elem)
 
 # f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
 # Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).
@@ -44,8 +44,6 @@ LN2 = tl.constexpr(_LN2)
 # Rowmax-H15 (sm90_numerics difference 8): n's clamp and MAGIC's fp32 bits (f - MAGIC = n on the integer grid).
 H15_MIN_N = tl.constexpr(float(sm90_numerics.H15_MIN_N))
 MAGIC_BITS = tl.constexpr(0x4B400000)
-# How far below the row's highest reference a lowering may take it (recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
-FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 
 
 @triton.jit
@@ -114,8 +112,6 @@ def _stage_ab_ungated(acc, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl
     if RNE_CVT:  # the CPU interpreter's fp32->fp8 cast is not nearest-even; round first there
         p = round_elem(p, 3, -6, 448.0)
     return p.to(tl.float8e4nv), psum
-
-
 
 
 @triton.jit

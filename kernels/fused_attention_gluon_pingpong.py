@@ -37,9 +37,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
-from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
 
-from .common import RNE_MAGIC
+from .common import FLOOR_LIMIT, RNE_MAGIC
 from .gluon_mxfp6_p import D_BITS, block_max, stage_a_mxfp6, stage_b_mxfp6
 
 # Rows of the query tile per warpgroup (wgmma's M).
@@ -54,8 +53,6 @@ D_BITS_F16 = gl.constexpr(float(sm90_numerics.D_BITS_F16))
 LN2 = gl.constexpr(_LN2)
 # Stage-A grid: 2^10 steps per doubling (FP16's mantissa).
 GRID_LOG2 = gl.constexpr(10)
-# How far below the row's highest reference a lowering may take it (recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
-FLOOR_LIMIT = gl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 
 
 @gluon.jit
