@@ -43,9 +43,11 @@ def _new_stats() -> Dict[str, int]:
 
 
 def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Optional[torch.Tensor],
-                  post_mult: float, num: MI355XNumerics, stats: Dict[str, int], bias: Optional[torch.Tensor] = None):
+                  post_mult: float, num: MI355XNumerics, stats: Dict[str, int], bias: Optional[torch.Tensor] = None,
+                  kept: Optional[torch.Tensor] = None):
     """Algorithm 1 for rows ``q`` (G, R, D) against keys ``k``/``v`` (G, S_k, D), operands prepared; ``bias``
-    (G, S_k), optional, is added to the scores (doublings) before the maximum and the exponential.
+    (G, S_k), optional, is added to the scores (doublings) before the maximum and the exponential, on the rows where
+    ``kept`` (G, R) bool is set (all rows without it).
 
     Returns ``(O (G, R, D), l (G, R), m (G, R))``, unnormalized, m in base-2 units.
     """
@@ -66,7 +68,8 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
         if post_mult != 1.0:
             x = x * post_mult
         if bias is not None:
-            x = x + bias[:, None, k0:k1]
+            term = bias[:, None, k0:k1]
+            x = x + (term if kept is None else torch.where(kept[..., None], term, torch.zeros_like(term)))
         vmask = None if valid is None else valid[:, None, k0:k1]
         if vmask is not None:
             x = torch.where(vmask, x, neg_inf)
@@ -133,9 +136,11 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     valid_b = None if kv_lens is None else torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]
     with torch.no_grad():
         q_in, k_in, bias, lse_offset = smooth_inputs(q, k, recipe, scale, valid_b)
-        qo, ko, vo, post = num.operands(q_in, k_in, v, scale, valid_b)
+        qo, ko, vo, post, bias, kept = num.operands(q_in, k_in, v, scale, valid_b, bias)
         if bias is not None:
             bias = bias.reshape(b * h, s_k)
+        if kept is not None:
+            kept = kept.reshape(b * h, s_q)
         qo, ko, vo = (t.reshape(b * h, t.shape[2], d) for t in (qo, ko, vo))
         valid = None if valid_b is None else valid_b[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
         stats = _new_stats()
@@ -143,7 +148,8 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
         rows = max(num.tile_m, (_SLAB_ELEMENTS // max(1, b * h * num.tile_n)) // num.tile_m * num.tile_m)
         outs, lses = [], []
         for r0 in range(0, s_q, rows):
-            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats, bias)
+            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats, bias,
+                                    None if kept is None else kept[:, r0:r0 + rows])
             outs.append(torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]))
             if return_lse:
                 lse = torch.log(l) + (m - num.p_scale_log2) * LN2

@@ -28,14 +28,16 @@ class MI355XNumerics:
         #: log2 of the constant factor P carries (subtracted from the LSE).
         self.p_scale_log2 = 0
 
-    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor]):
-        """(Q, K, V) float32 (B, H, S, D) values the GEMMs multiply, and the factor applied to scores.
+    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
+        """(Q, K, V) float32 (B, H, S, D) values the GEMMs multiply, the factor applied to scores, Q smoothing's
+        per-key term as added to the scores ((B, H, S_k) doublings, or None) and the query rows that add it
+        ((B, H, S_q) bool, or None: all).
 
-        ``valid``: (B, S_k) bool or None."""
+        ``valid``: (B, S_k) bool or None; ``bias``: the exact per-key term (``smoothing.key_bias``) or None."""
         qo, post = prepare_qk(q, self.recipe, scale * LOG2E)
         ko, _ = prepare_qk(k, self.recipe, 1.0)
         vo = prepare_v(v, self.recipe, None if valid is None else valid[:, None, :, None])
-        return qo, ko, vo, post
+        return qo, ko, vo, post, bias, None
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
         """The frozen reference from key tile 0 (Algorithm 1, line 2)."""
@@ -71,9 +73,13 @@ class SM90Numerics(MI355XNumerics):
         self.cap_log2 = min(recipe.rollback_cap_log2, sm90.P_HEADROOM_LOG2)
         self.p_scale_log2 = sm90.P_SIGMA[recipe.p_format]
 
-    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor]):
-        qc, kc, vc = self._sm90.operands(q, k, v, self.recipe, scale, valid)
-        return qc, kc, vc, 1.0
+    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
+        """As the base class; the per-key term in the kernel's E4M3 terms (sm90_numerics difference 9)."""
+        if bias is None:
+            qc, kc, vc = self._sm90.operands(q, k, v, self.recipe, scale, valid)
+            return qc, kc, vc, 1.0, None, None
+        qc, kc, vc, (bias_eff, kept) = self._sm90.operands(q, k, v, self.recipe, scale, valid, bias)
+        return qc, kc, vc, 1.0, bias_eff, kept
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
         return torch.ceil(tile_max * 128.0) / 128.0

@@ -41,12 +41,23 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    sum's term (exact down to 2^-8; below, E4M3's subnormal grid rounds). ``n`` is clamped at :data:`H15_MIN_N`
    (masked keys give 0 after the rounding).
 
+9. **Q smoothing's key term on the tensor cores (``smooth_q``).** The per-key term ``b_j = alpha log2e (q_mean . k_j)``
+   is not added to every score: it enters the score GEMM as a second, K = 32 wgmma chained on ``S_j``,
+   ``S_j += Qx_t Kx_j^T`` (:func:`key_term`). ``Kx_j`` holds ``x_j = b_j 2^(G - KE_j)`` as E4M3 terms (28 copies of
+   ``E4M3(x_j / 28)`` and four E4M3 refinements of the remainder, relative error below ~2^-20 of the head's largest
+   term), ``G`` one shift per (batch, head) that puts the largest ``|x_j|`` within the terms' capacity; ``Qx_t`` is
+   ``2^(-QE_t - G)`` in every column, an exact E4M3 power of two for ``-QE_t - G`` in [-9, 8]. Two rules keep it so:
+   Q's tile exponent is raised to at least ``-G - 8`` (``q_floor``: only when the term is ~2^21 times the GEMM's unit,
+   near-identical queries; an all-zero Q tile takes the floor as its exponent), and a tile with ``-QE_t - G < -9``
+   drops the term (there it is below 2^-9 of the capacity, against a full-scale Q tile's scores). The reference adds
+   ``bias_eff_j = sum(Kx_j) 2^(KE_j - G)`` on the kept tiles.
+
 The FP8 tensor cores' accumulation (and fp32 summation order) is not modeled: tests allow for it.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import NamedTuple, Optional, Tuple
 
 import torch
 
@@ -71,39 +82,136 @@ F16_MAX_BITS = 0x7BFF
 H15_MIN_N = -252
 
 
+#: Difference 9: columns of the key term's chained wgmma (its K), copies of the leading term, and the range of the
+#: power of two ``Qx = 2^(-QE - G)`` (E4M3 holds 2^-9 .. 2^8 exactly); the shift ``G`` is clamped to +-KEY_TERM_G_MAX.
+KEY_TERM_COLS = 32
+KEY_TERM_LEAD = 28
+QX_MIN_LOG2 = -9
+QX_MAX_LOG2 = 8
+KEY_TERM_G_MAX = 40
+#: E4M3's largest finite value.
+E4M3_MAX = 448.0
+
+
 def e4m3(x: torch.Tensor) -> torch.Tensor:
     """Nearest-even, saturating E4M3 value of ``x`` (float32)."""
     return round_to_elem(x, E4M3)
 
 
-def carry_mx(y: torch.Tensor, fmt_name: str, rule: str, tile: Optional[int]) -> torch.Tensor:
+def carry_mx(y: torch.Tensor, fmt_name: str, rule: str, tile: Optional[int], floor: Optional[torch.Tensor] = None,
+             return_exps: bool = False):
     """MX-quantize ``y`` (..., R, C) in blocks of 32 along the last axis and carry it in E4M3
     (difference 1). The reference exponent is the largest block exponent of a row (``tile=None``) or
-    of ``tile`` consecutive rows. Returns float32 (..., R, C)."""
+    of ``tile`` consecutive rows. Returns float32 (..., R, C).
+
+    With ``tile``: ``floor`` (the leading dims of ``y``, int), optional, is the smallest tile exponent (difference 9's
+    ``q_floor``); ``return_exps`` also returns the tile exponents ``QE``/``KE`` as the kernel's pre-pass writes them
+    (..., ceil(R / tile)) int32, an all-zero tile's being 0 (or ``floor``).
+    """
     fmt = MX_ELEMENT[fmt_name]
     rows, cols = y.shape[-2], y.shape[-1]
     yb = y.reshape(*y.shape[:-1], cols // 32, 32)
     s = shared_exponent(yb.abs().amax(dim=-1, keepdim=True), fmt, rule)  # (..., R, C/32, 1)
     elems = round_to_elem(torch.ldexp(yb, -s), fmt)
     ref = s.amax(dim=(-2, -1))  # (..., R)
+    t0 = CARRY_T0[fmt_name]
+    exps = None
     if tile is not None:
         pad = (-rows) % tile
         ref = torch.nn.functional.pad(ref, (0, pad), value=-127)
-        ref = ref.reshape(*ref.shape[:-1], -1, tile).amax(dim=-1).repeat_interleave(tile, dim=-1)[..., :rows]
+        ref_t = ref.reshape(*ref.shape[:-1], -1, tile).amax(dim=-1)  # (..., tiles)
+        zero = torch.zeros_like(ref_t) if floor is None else (floor[..., None] + t0).to(ref_t.dtype).expand_as(ref_t)
+        ref_t = torch.where(ref_t <= -127, zero, ref_t if floor is None else torch.maximum(ref_t, zero))
+        exps = (ref_t - t0).to(torch.int32)
+        ref = ref_t.repeat_interleave(tile, dim=-1)[..., :rows]
+    elif floor is not None:
+        raise ValueError("carry_mx: floor needs tile (a tile exponent); accepted: tile=128 with floor")
     ref = ref[..., None, None]
-    t0 = CARRY_T0[fmt_name]
     carried = e4m3(torch.ldexp(elems, s - ref + t0))
-    return torch.ldexp(carried, ref - t0).reshape(y.shape)
+    out = torch.ldexp(carried, ref - t0).reshape(y.shape)
+    return (out, exps) if return_exps else out
 
 
-def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor]):
-    """(Q, K, V) float32 values the sm_90 kernel multiplies; (B, H, S, D) each."""
+class KeyTerm(NamedTuple):
+    """Q smoothing's key term as the kernel's chained wgmma carries it (difference 9).
+
+    lead : (B, H, S_k) float32, the E4M3 value in the first KEY_TERM_LEAD columns of the B operand ``Kx``.
+    refine : (B, H, S_k, KEY_TERM_COLS - KEY_TERM_LEAD) float32, E4M3 values of the other columns. Both 0 on invalid
+        keys.
+    g : (B, H) int32, the shift ``G``.
+    q_floor : (B, H) int32, the smallest Q tile exponent, ``-G - QX_MAX_LOG2``.
+    bias_eff : (B, H, S_k) float32, doublings: what the term adds to key j's scores on a kept query tile.
+    """
+
+    lead: torch.Tensor
+    refine: torch.Tensor
+    g: torch.Tensor
+    q_floor: torch.Tensor
+    bias_eff: torch.Tensor
+
+
+def key_term(bias: torch.Tensor, ke: torch.Tensor, valid: Optional[torch.Tensor] = None) -> KeyTerm:
+    """Split Q smoothing's per-key term into the chained wgmma's E4M3 operand (difference 9).
+
+    bias : (B, H, S_k) float32, doublings (``smoothing.key_bias``); ke : (B, H, ceil(S_k / 128)) int32, K's tile
+    exponents (K = K8 2^KE); valid : (B, S_k) bool, optional, the keys before ``kv_lens`` (others count as 0).
+    The same float32 operations on every backend: emulator and kernel host code get the same terms on one device.
+    """
+    s_k = bias.shape[-1]
+    if valid is not None:
+        bias = torch.where(valid[:, None, :], bias, torch.zeros_like(bias))
+    ke_k = ke.repeat_interleave(TILE, dim=-1)[..., :s_k]
+    y = torch.ldexp(bias.to(torch.float32), -ke_k)  # b_j 2^-KE_j, exact
+    amax = y.abs().amax(dim=-1) if s_k else torch.zeros(bias.shape[:-1], device=bias.device)
+    cap = KEY_TERM_LEAD * E4M3_MAX
+    # the largest G with amax 2^G <= cap (float64 log2, then one exact correction each way)
+    g = torch.floor(torch.log2(cap / amax.double()))
+    g = torch.nan_to_num(g, nan=0.0, posinf=KEY_TERM_G_MAX, neginf=-KEY_TERM_G_MAX).clamp(-KEY_TERM_G_MAX - 1,
+                                                                                            KEY_TERM_G_MAX + 1)
+    g = torch.where(torch.ldexp(amax.double(), g) > cap, g - 1, g)
+    g = torch.where(torch.ldexp(amax.double(), g + 1) <= cap, g + 1, g)
+    g = g.clamp(-KEY_TERM_G_MAX, KEY_TERM_G_MAX).to(torch.int32)
+    x = torch.ldexp(y, g[..., None])
+    lead = e4m3(x / KEY_TERM_LEAD)
+    r = x - KEY_TERM_LEAD * lead  # exact (Sterbenz), and |r| <= 28 * 16
+    total = KEY_TERM_LEAD * lead
+    refine = []
+    for _ in range(KEY_TERM_COLS - KEY_TERM_LEAD):
+        t = e4m3(r)
+        refine.append(t)
+        r = r - t  # exact: t is r rounded to 4 significant bits
+        total = total + t  # exact: every partial sum is x minus a remainder on x's fp32 grid
+    bias_eff = torch.ldexp(total, ke_k - g[..., None])
+    return KeyTerm(lead, torch.stack(refine, dim=-1), g, -g - QX_MAX_LOG2, bias_eff)
+
+
+def key_term_operand(term: KeyTerm) -> torch.Tensor:
+    """The chained wgmma's B operand: (B * H * S_k, KEY_TERM_COLS) float8_e4m3fn (exact: the terms are E4M3 values)."""
+    b, h, s_k = term.lead.shape
+    kx = torch.empty((b * h * s_k, KEY_TERM_COLS), dtype=torch.float8_e4m3fn, device=term.lead.device)
+    kx[:, :KEY_TERM_LEAD] = term.lead.reshape(-1, 1).to(torch.float8_e4m3fn)
+    kx[:, KEY_TERM_LEAD:] = term.refine.reshape(-1, KEY_TERM_COLS - KEY_TERM_LEAD).to(torch.float8_e4m3fn)
+    return kx
+
+
+def key_term_kept(qe: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
+    """Which query tiles keep the key term (difference 9): ``-QE_t - G >= QX_MIN_LOG2``; qe (B, H, tiles), g (B, H)."""
+    return (-qe - g[..., None]) >= QX_MIN_LOG2
+
+
+def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
+    """(Q, K, V) float32 values the sm_90 kernel multiplies; (B, H, S, D) each.
+
+    With ``bias`` (Q smoothing's per-key term, (B, H, S_k) doublings) also ``(bias_eff (B, H, S_k), kept (B, H, S_q)
+    bool)``: the term as the kernel adds it and the query rows whose tile keeps it (difference 9)."""
     rule = scale_rule(recipe, "qk", recipe.qk_format)
-    qc = carry_mx(prequantize_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE)
     vmask = None if valid is None else valid[:, None, :, None]
     if vmask is not None:  # keys past kv_lens are zero before the carry: they must not raise a tile's exponent
         k = torch.where(vmask, k, torch.zeros_like(k))
-    kc = carry_mx(prequantize_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE)
+    kc, ke = carry_mx(prequantize_qk(k, recipe, 1.0), recipe.qk_format, rule, TILE, return_exps=True)
+    term = None if bias is None else key_term(bias, ke, valid)
+    qc, qe = carry_mx(prequantize_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE,
+                      floor=None if term is None else term.q_floor, return_exps=True)
     if recipe.v_format == "fp8_tensor":
         vc = prepare_v(v, recipe, vmask)
     else:
@@ -118,7 +226,10 @@ def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor
         ytp = torch.nn.functional.pad(yt, (0, pad))
         vct = carry_mx(ytp, recipe.v_format, scale_rule(recipe, "v", recipe.v_format), None)
         vc = vct[..., :s_k].transpose(-1, -2)
-    return qc, kc, vc
+    if term is None:
+        return qc, kc, vc
+    kept = key_term_kept(qe, term.g).repeat_interleave(TILE, dim=-1)[..., :q.shape[2]]
+    return qc, kc, vc, (term.bias_eff, kept)
 
 
 def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: bool = False) -> torch.Tensor:

@@ -28,8 +28,8 @@ import triton.language as tl
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
-from .common import (E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, RNE_MAGIC as MAGIC, pow2,
-                     round_elem)
+from .common import (E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, QX_MIN_LOG2,
+                     RNE_MAGIC as MAGIC, pow2, round_elem)
 
 # f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
 # Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).
@@ -197,11 +197,11 @@ def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, GATE: tl.constexpr, P_MX: tl.
 
 
 @triton.jit
-def _add_bias(acc, bias_ptrs, e_t, HAS_BIAS: tl.constexpr):
-    """Q smoothing's per-key term (doublings) in the GEMM's units ``2^-e_t``: one exact scaling and one rounding,
-    the emulator's ``X + bias`` scaled by a power of two."""
+def _add_bias(acc, bias_ptrs, e_t, keep, HAS_BIAS: tl.constexpr):
+    """Q smoothing's per-key term (doublings) in the GEMM's units ``2^-e_t``, times ``keep`` (1, or 0 on a query tile
+    that drops it, sm90_numerics difference 9): one exact scaling and one rounding, the emulator's ``X + bias``."""
     if HAS_BIAS:
-        acc = acc + tl.load(bias_ptrs)[None, :] * pow2(-e_t)
+        acc = acc + tl.load(bias_ptrs)[None, :] * (pow2(-e_t) * keep)
     return acc
 
 
@@ -210,14 +210,14 @@ def _tile(q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs, vt_p
           BN: tl.constexpr, MASKED: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
           P_MX: tl.constexpr, BM: tl.constexpr, RNE_CVT: tl.constexpr, bias_ptrs=None, HAS_BIAS: tl.constexpr = False,
           H15: tl.constexpr = False, H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False,
-          FLOOR: tl.constexpr = 0.0):
+          FLOOR: tl.constexpr = 0.0, keep=1.0):
     """One steady-state key tile (lines 6-18 of Algorithm 1); ``LOWER``: the gate also lowers the reference by
     whole doublings when this tile's peak and the previous one's (``low_before``) are below ``lo`` (``m_high`` the
     row's highest reference)."""
     k = tl.load(k_ptrs)
     acc = tl.dot(q, tl.trans(k))
     e_t = qe + tl.load(KE_row + t)
-    acc = _add_bias(acc, bias_ptrs, e_t, HAS_BIAS)
+    acc = _add_bias(acc, bias_ptrs, e_t, keep, HAS_BIAS)
     if MASKED:
         kidx = t * BN + tl.arange(0, BN)
         acc = tl.where((kidx < n_keys)[None, :], acc, float("-inf"))
@@ -263,7 +263,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       D: tl.constexpr, BM: tl.constexpr, BN: tl.constexpr, HAS_KVL: tl.constexpr,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
                       SIGMA: tl.constexpr, NUM_STAGES: tl.constexpr, RNE_CVT: tl.constexpr,
-                      BIAS=None, HAS_BIAS: tl.constexpr = False, H15: tl.constexpr = False,
+                      BIAS=None, KG=None, HAS_BIAS: tl.constexpr = False, H15: tl.constexpr = False,
                       H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False, FLOOR: tl.constexpr = 0.0):
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
@@ -282,6 +282,9 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     vt_ptrs = V8T + bh64 * D * SKP + dcol[:, None] * SKP + kcol[None, :]
     KE_row = KE + bh * (SKP // BN)
     bias_ptrs = BIAS + bh64 * SKP + kcol
+    keep = 1.0
+    if HAS_BIAS:  # the query tile keeps Q smoothing's key term unless 2^(-QE - G) is below E4M3 (difference 9)
+        keep = tl.where(-qe - tl.load(KG + bh) >= QX_MIN_LOG2, 1.0, 0.0)
     row_ok = rows < SQ
 
     o = tl.zeros((BM, D), tl.float32)
@@ -293,7 +296,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         # Tile 0 (peeled): the frozen reference (line 2), then lines 15-18 as in the loop.
         acc = tl.dot(q, tl.trans(tl.load(k_ptrs)))
         e0 = qe + tl.load(KE_row)
-        acc = _add_bias(acc, bias_ptrs, e0, HAS_BIAS)
+        acc = _add_bias(acc, bias_ptrs, e0, keep, HAS_BIAS)
         acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
         if H15:
@@ -313,12 +316,12 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
             o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
                 q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN,
                 KE_row, t, n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15,
-                H15_EXP, LOWER, FLOOR)
+                H15_EXP, LOWER, FLOOR, keep)
         if (n_full >= 1) & (n_full * BN < n_keys):
             o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
                 q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + n_full * BN * D,
                 vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT,
-                bias_ptrs + n_full * BN, HAS_BIAS, H15, H15_EXP, LOWER, FLOOR)
+                bias_ptrs + n_full * BN, HAS_BIAS, H15, H15_EXP, LOWER, FLOOR, keep)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

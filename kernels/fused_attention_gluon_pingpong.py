@@ -38,7 +38,7 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
-from .common import FLOOR_LIMIT, RNE_MAGIC
+from .common import FLOOR_LIMIT, KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2, RNE_MAGIC
 from .gluon_mxfp6_p import D_BITS, block_max, stage_a_mxfp6, stage_b_mxfp6
 
 # Rows of the query tile per warpgroup (wgmma's M).
@@ -151,12 +151,20 @@ def _warp_any(fire, WG: gl.constexpr):
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, krow0, vrow0, pred, BN: gl.constexpr):
-    """K and V of key tile ``tile`` into ``slot``, both on the slot's one mbarrier (one expect, one wait per tile;
-    separate K and V barriers cost an expect, a BAR.SYNC and a wait more per tile)."""
-    mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+def _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, slot, tile, krow0, vrow0, pred,
+             BN: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """K and V (``HAS_BIAS``: and the key term's Kx) of key tile ``tile`` into ``slot``, all on the slot's one mbarrier
+    (one expect, one wait per tile; separate K and V barriers cost an expect, a BAR.SYNC and a wait more per tile)."""
+    if HAS_BIAS:
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + kx_desc.block_type.nbytes
+    else:
+        nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
+    mbarrier.expect(kvbar.index(slot), nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, [krow0 + tile * BN, 0], kvbar.index(slot), k_smem.index(slot), pred=pred)
     tma.async_copy_global_to_shared(v_desc, [vrow0, tile * BN], kvbar.index(slot), v_smem.index(slot), pred=pred)
+    if HAS_BIAS:
+        tma.async_copy_global_to_shared(kx_desc, [krow0 + tile * BN, 0], kvbar.index(slot), kx_smem.index(slot),
+                                        pred=pred)
 
 
 @gluon.jit
@@ -193,11 +201,12 @@ def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN:
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
-              empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b,
-              h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
+              empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
+              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
-    ``HAS_BIAS``: add Q smoothing's per-key term BIAS (B*H, SKP) (doublings) to the scores, scaled into the GEMM's
-    units ``2^-e`` (exact), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
+    ``HAS_BIAS``: Q smoothing's per-key term enters the score GEMM as a second, K = 32 wgmma chained on it,
+    ``S_j += Qx Kx_j^T`` (sm90_numerics difference 9; ``qx_smem`` the query tile's power of two, ``kx_smem`` the
+    key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
     row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
     Both partitions run this function; ``WG``, ``HAS_BIAS`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
@@ -228,7 +237,6 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
     ones = ones_smem.permute((1, 0))
     qe = gl.load(QE + bh * (SQP // 128) + pid_m)  # Q's exponent per 128-row tile (both warpgroups share it)
     KE_row = KE + bh * (SKP // BN)
-    bias_row = BIAS + bh.to(gl.int64) * SKP + gl.arange(0, BN, layout=scol)
     krow0 = bh * SKP
     vrow0 = bh * D
     row0 = pid_m * 128 + WG * BM
@@ -249,10 +257,11 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
         if not P_MX:
             mbarrier.wait(onesbar.index(0), 0)
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        if HAS_BIAS:
+            mbarrier.wait(onesbar.index(1), 0)  # the Qx tile
+            s = warpgroup_mma(qx_smem, kx_smem.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         e0 = qe + gl.load(KE_row)
-        if HAS_BIAS:
-            s = s + gl.load(bias_row)[None, :] * _pow2(-e0)
         xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
         m = gl.ceil(xm * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         m_high = m  # the row's highest reference (bounds a lowering)
@@ -269,19 +278,17 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
             pa = _words_to_fp8(pw, p_layout, BM, BN)  # Stage-B of tile j-1 was done at the end of iteration j-1
             mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)  # K_j and V_j (V_{j-1} was waited for with K_{j-1})
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            if HAS_BIAS:  # chained on S_j: no wait between the two
+                s = warpgroup_mma(qx_smem, kx_smem.index(slot).permute((1, 0)), s, is_async=True)
             if not P_MX:
                 lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
             o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
-            if HAS_BIAS:
-                bt = gl.load(bias_row + j * BN)  # issued before the wait
             if P_MX:
                 s = warpgroup_mma_wait(1, deps=(s,))
             else:
                 s, lt = warpgroup_mma_wait(1, deps=(s, lt))
                 lsum = lsum + lt
             e_t = qe + gl.load(KE_row + j)
-            if HAS_BIAS:
-                s = s + bt[None, :] * _pow2(-e_t)
             xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
             xmax = xm * _pow2(e_t)  # the tile's row peaks in doublings (exact scaling)
             low = xmax < lo
@@ -293,8 +300,8 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-                _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
-                         j - 1 + STAGES < n_tiles, BN)
+                _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
+                         j - 1 + STAGES < n_tiles, BN, HAS_BIAS)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
                 # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
                 delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
@@ -342,8 +349,8 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
 
 
 @gluon.jit
-def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, VS, BIAS, OUT, LSE, STATS, FLAGS,
-                                     NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
+def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc, kx_desc, QE, KE, VS, KG, OUT, LSE,
+                                     STATS, FLAGS, NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                                      D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr,
                                      WRITE_LSE: gl.constexpr, CAP: gl.constexpr, FLOOR: gl.constexpr,
                                      SIGMA: gl.constexpr,
@@ -355,6 +362,10 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
     k_desc : of K8 (B*H*SKP, D), block (BN, D), NaN rows past the valid keys.
     v_desc : of V8T (B*H*D, SKP), block (D, BN), keys permuted into the FP8 A-fragment order.
     ones_desc : of an (8, BN) E4M3 tensor of ones, block (8, BN): the row sum's B operand.
+    qx_desc : (``HAS_BIAS``) of the key term's table of A tiles (kernels.ops._qx_table), block (64, 32); KG (B*H)
+        int32 the shift G: the tile ``2^(-QE - G)`` is loaded, or the zero tile below 2^QX_MIN_LOG2.
+    kx_desc : (``HAS_BIAS``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
+    Without ``HAS_BIAS`` both may be any descriptor (ones_desc); they are not read.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -372,8 +383,15 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
     kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [ONES_N, BN], ones_desc.layout)
-    onesbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    if HAS_BIAS:
+        qx_smem = gl.allocate_shared_memory(gl.float8e4nv, [WG_ROWS, KEY_TERM_COLS], qx_desc.layout)
+        kx_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, KEY_TERM_COLS], kx_desc.layout)
+    else:  # not allocated (never read)
+        qx_smem = ones_smem
+        kx_smem = k_smem
+    onesbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # the ones tile, the Qx tile
     mbarrier.init(onesbar.index(0), count=1)
+    mbarrier.init(onesbar.index(1), count=1)
     for i in gl.static_range(2):
         mbarrier.init(qbar.index(i), count=1)
     for i in gl.static_range(STAGES):
@@ -392,12 +410,18 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, QE, KE, 
     if not P_MX:
         mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
+    if HAS_BIAS:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
+        v = -gl.load(QE + bh * (SQP // 128) + pid_m) - gl.load(KG + bh)
+        qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1, gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
+        mbarrier.expect(onesbar.index(1), qx_desc.block_type.nbytes, pred=n_tiles > 0)
+        tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem, pred=n_tiles > 0)
     for i in gl.static_range(STAGES):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN)
+        _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN,
+                 HAS_BIAS)
 
-    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QE, KE, VS, BIAS, OUT,
-            LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
-            SIGMA)
+    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc,
+            QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+            WRITE_LSE, CAP, FLOOR, SIGMA)
     # one partition per 64-row warpgroup, both running _consumer (WG, HAS_BIAS, P_MX as constexprs)
     gl.warp_specialize([(_consumer, (gl.constexpr(0), HAS_BIAS, P_MX) + args),
                         (_consumer, (gl.constexpr(1), HAS_BIAS, P_MX) + args)], [4], [REGS])

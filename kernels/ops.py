@@ -10,6 +10,7 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fsattn_diffusers.exponent import LOG2E
+from fsattn_diffusers.sm90_numerics import KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2, key_term, key_term_operand
 from fsattn_diffusers.smoothing import lse_offset, token_mean
 
 from .plan import KernelPlan, plan_from_key
@@ -50,8 +51,10 @@ def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
 class KernelOperands(NamedTuple):
     """What the pre-pass gives the attention kernel (layouts in :mod:`kernels.prepass`).
 
-    ``bias`` (B, H, SKP) float32: Q smoothing's per-key score term in doublings, or None. ``k_mean`` (B, H, 1, D):
-    K smoothing's mean (the LSE adds ``scale * q . k_mean`` back), or None.
+    Q smoothing's per-key score term (sm90_numerics difference 9), or None each: ``bias`` (B, H, SKP) float32, the
+    term in doublings as the triton kernel adds it on the query tiles that keep it; ``kx`` (B * H * SKP, 32) E4M3,
+    its terms, the gluon_pingpong kernel's chained-wgmma operand; ``kg`` (B * H) int32, the shift G. ``k_mean``
+    (B, H, 1, D): K smoothing's mean (the LSE adds ``scale * q . k_mean`` back), or None.
     """
 
     q8: torch.Tensor
@@ -62,6 +65,8 @@ class KernelOperands(NamedTuple):
     vs: torch.Tensor
     bias: Optional[torch.Tensor] = None
     k_mean: Optional[torch.Tensor] = None
+    kx: Optional[torch.Tensor] = None
+    kg: Optional[torch.Tensor] = None
 
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None
@@ -74,11 +79,17 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
         valid = torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None]
     k_mean = token_mean(k, valid) if plan.smooth_k else None
     q_mean = token_mean(q) if plan.smooth_q else None
-    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean)
+    # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
                               q_mean=q_mean, bias_mult=scale * LOG2E)
+    term = key_term(bias, ke) if bias is not None else None  # the pre-pass wrote 0 for padded keys
+    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean,
+                           floor=term.q_floor if term is not None else None)
     v8t, vs = prepare_v(v, plan, kv_lens, perm=True)
-    return KernelOperands(q8, qe, k8, ke, v8t, vs, bias, k_mean)
+    if term is None:
+        return KernelOperands(q8, qe, k8, ke, v8t, vs, None, k_mean)
+    kx = key_term_operand(term) if variant == GLUON_PINGPONG else None
+    return KernelOperands(q8, qe, k8, ke, v8t, vs, term.bias_eff, k_mean, kx, term.g.reshape(-1).contiguous())
 
 
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
@@ -94,7 +105,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
     variant = effective_variant(variant, plan)
     if num_stages is None:
         num_stages = PP_STAGES if variant == GLUON_PINGPONG else NUM_STAGES
-    q8, qe, k8, ke, v8t, vs, bias, _ = ops
+    q8, qe, k8, ke, v8t, vs, bias = ops[:7]
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     grid = (sqp // block_m, b * h)
@@ -110,7 +121,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         D=d, BM=block_m, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None,
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         NUM_STAGES=num_stages, RNE_CVT=INTERPRET, H15=plan.h15, H15_EXP=127 + plan.p_sigma,
-        BIAS=bias if bias is not None else vs, HAS_BIAS=bias is not None, LOWER=plan.lowers,
+        BIAS=bias if bias is not None else vs, KG=ops.kg if bias is not None else qe, HAS_BIAS=bias is not None,
+        LOWER=plan.lowers,
         FLOOR=float(plan.gate_floor), num_warps=num_warps)
 
 
@@ -129,7 +141,11 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         raise ValueError(f"gluon_pingpong kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
     from .fused_attention_gluon_pingpong import ONES_N, WG_ROWS, fsattn_fwd_gluon_pingpong_kernel
 
-    q8, qe, k8, ke, v8t, vs, bias, _ = ops
+    q8, qe, k8, ke, v8t, vs, bias = ops[:7]
+    has_term = bias is not None
+    if has_term and ops.kx is None:
+        raise ValueError("gluon_pingpong kernel with Q smoothing: the operands lack the key term's E4M3 terms (kx); "
+                         "accepted: operands from prepass(..., variant='gluon_pingpong')")
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     want_stats = stats is not None
@@ -138,10 +154,16 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
     # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
     nkw = -(-(skp // BLOCK_N) // 32) if want_stats else 0
     flags = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
+    ones_desc = _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N])
+    if has_term:  # the chained wgmma's operands: Qx from the table of powers of two, Kx per key
+        qx_desc = _fp8_desc(_qx_table(q8.device), [WG_ROWS.value, KEY_TERM_COLS])
+        kx_desc = _fp8_desc(ops.kx, [BLOCK_N, KEY_TERM_COLS])
+    else:  # unused (never loaded)
+        qx_desc = kx_desc = ones_desc
     fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
-        _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N]),
-        qe, ke, vs, bias if bias is not None else vs, out, lse if lse is not None else stats, stats, flags, nkw,
+        _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), ones_desc, qx_desc, kx_desc,
+        qe, ke, vs, ops.kg if has_term else qe, out, lse if lse is not None else stats, stats, flags, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
@@ -151,6 +173,19 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
 
 
 _ONES = {}
+_QX = {}
+
+
+def _qx_table(device) -> torch.Tensor:
+    """The key term's A operands (sm90_numerics difference 9), one 64-row tile per power of two: tile ``i`` holds
+    ``2^(QX_MIN_LOG2 + i)`` in every column for i < QX_TILES - 1, the last tile zeros (a query tile that drops the
+    term). (QX_TILES * 64, KEY_TERM_COLS) E4M3, one per device."""
+    key = str(device)
+    if key not in _QX:
+        vals = [2.0 ** e for e in range(QX_MIN_LOG2, QX_MAX_LOG2 + 1)] + [0.0]
+        col = torch.tensor(vals, dtype=torch.float32, device=device).repeat_interleave(64)
+        _QX[key] = col[:, None].expand(-1, KEY_TERM_COLS).contiguous().to(torch.float8_e4m3fn)
+    return _QX[key]
 
 
 def _ones_tile(device) -> torch.Tensor:

@@ -52,7 +52,8 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
                        DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL,
                        HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1, MEAN=None, HAS_MEAN: tl.constexpr = False,
-                       QMEAN=None, BIAS=None, bias_mult=1.0, HAS_BIAS: tl.constexpr = False):
+                       QMEAN=None, BIAS=None, bias_mult=1.0, HAS_BIAS: tl.constexpr = False, QFLOOR=None,
+                       HAS_QFLOOR: tl.constexpr = False):
     """Persistent: program ``p`` of ``P`` quantizes the (row tile, batch x head) pairs ``t = p, p + P, ...`` of the
     ``N_TILES`` (row tiles fastest), loading the Hadamard matrix once."""
     cols = tl.arange(0, D)
@@ -62,7 +63,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     for t in tl.range(tl.program_id(0), N_TILES, tl.num_programs(0), num_stages=STAGES):
         _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm if HAD else cols, H, S, SP, rsqrt_d, mult, t % n_s, t // n_s,
                  D, BS, HAD, ROUND_TWICE, RULE, T0, MBITS, EMIN, MAXV, EMAX, TILE_REF, DOT_F32, NAN_PAD, HAS_KVL, KVL,
-                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS)
+                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS, QFLOOR, HAS_QFLOOR)
 
 
 @triton.jit
@@ -71,11 +72,14 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
              RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
              MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
              DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr,
-             MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr):
+             MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr, QFLOOR,
+             HAS_QFLOOR: tl.constexpr):
     """One BS-row tile of one (batch, head): BF16 rounding, smoothing (``HAS_MEAN``: minus the token mean MEAN
     (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
     quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
-    term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows."""
+    term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows. ``HAS_QFLOOR``
+    (Q, one exponent per tile): the tile exponent is at least QFLOOR[bh] (sm90_numerics difference 9; an all-zero
+    tile takes it)."""
     # K with kv_lens: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent.
     x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
     cols = tl.arange(0, D)
@@ -108,8 +112,12 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         elem = round_elem(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV)
     if TILE_REF:
         ref = tl.max(tl.max(s, axis=1), axis=0)
-        ref = tl.where(ref <= -127, 0, ref)  # an all-zero group: any exponent carries its zeros; -127 would put
-        shift = s - ref + T0                 # 2^(QE + KE) below fp32's normal range in the attention kernel
+        if HAS_QFLOOR:
+            fl = tl.load(QFLOOR + bh) + T0
+            ref = tl.where(ref <= -127, fl, tl.maximum(ref, fl))
+        else:
+            ref = tl.where(ref <= -127, 0, ref)  # an all-zero group: any exponent carries its zeros; -127 would put
+        shift = s - ref + T0                     # 2^(QE + KE) below fp32's normal range in the attention kernel
     else:
         ref = tl.max(s, axis=1)
         ref = tl.where(ref <= -127, 0, ref)
@@ -203,7 +211,7 @@ def padded(n: int, tile: int) -> int:
 
 
 def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool, kv_lens=None,
-               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0):
+               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0, floor=None):
     """Q (``tile_ref=False``, per-row exponents) or K (``tile_ref=True``, one exponent per 128 keys).
 
     Parameters
@@ -223,6 +231,7 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     ``mean`` (B, H, 1, D) float32, optional: subtracted from every valid row (``Recipe.smooth_k``/``smooth_q``).
     ``q_mean`` (B, H, 1, D), optional (K only): also return the per-key bias ``bias_mult * (q_mean . k)`` of Q
     smoothing, (B, H, SP) float32, as a third output (``None`` without ``q_mean``).
+    ``floor`` (B, H) int32, optional (``tile_ref``): the smallest tile exponent (sm90_numerics difference 9).
     """
     b, h, s, d = x.shape
     sp = padded(s, ROWS)
@@ -241,7 +250,9 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         NAN_PAD=nan_pad, HAS_KVL=kv_lens is not None, KVL=kv_lens if kv_lens is not None else exps,
         HW_CVT=not INTERPRET, STAGES=QK_STAGES_E2M1 if plan.qk_fmt == FMT_E2M1 else QK_STAGES,
         MEAN=mean_arg, HAS_MEAN=mean is not None, QMEAN=qm_arg, BIAS=bias if bias is not None else exps,
-        bias_mult=float(bias_mult), HAS_BIAS=q_mean is not None, num_warps=QK_WARPS)
+        bias_mult=float(bias_mult), HAS_BIAS=q_mean is not None,
+        QFLOOR=floor.to(torch.int32).contiguous() if floor is not None else exps, HAS_QFLOOR=floor is not None,
+        num_warps=QK_WARPS)
     return out, exps, bias
 
 

@@ -34,7 +34,7 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 TARGET = GPUTarget("cuda", 90, 32)
 # Argument types by name (both kernels); pointers and padded lengths/strides get a real launch's divisibility by 16.
 TYPES = {"Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8T": "*fp8e4nv", "QE": "*i32", "KE": "*i32", "VS": "*fp32",
-         "BIAS": "*fp32", "OUT": "*bf16", "LSE": "*fp32", "STATS": "*i32", "FLAGS": "*i32", "KVL": "*i32",
+         "BIAS": "*fp32", "KG": "*i32", "OUT": "*bf16", "LSE": "*fp32", "STATS": "*i32", "FLAGS": "*i32", "KVL": "*i32",
          "NKW": "i32", "sob": "i32", "soh": "i32", "sos": "i32", "sod": "i32", "H": "i32", "SQ": "i32", "SK": "i32",
          "SQP": "i32", "SKP": "i32"}
 DIV16 = ("SQP", "SKP", "sob", "soh", "sos")
@@ -98,8 +98,11 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
         return f"tensordesc<fp8e4nv[{rows}, {cols}],{layout!r}>"
 
     bn = ops.BLOCK_N
-    types = dict(TYPES, q_desc=desc(pp.WG_ROWS.value, d), k_desc=desc(bn, d), v_desc=desc(d, bn),
-                 ones_desc=desc(pp.ONES_N.value, bn))
+    ones = desc(pp.ONES_N.value, bn)
+    term = const.get("HAS_BIAS", False)  # the key term's chained wgmma operands (else ones_desc, unread)
+    types = dict(TYPES, q_desc=desc(pp.WG_ROWS.value, d), k_desc=desc(bn, d), v_desc=desc(d, bn), ones_desc=ones,
+                 qx_desc=desc(pp.WG_ROWS.value, pp.KEY_TERM_COLS.value) if term else ones,
+                 kx_desc=desc(bn, pp.KEY_TERM_COLS.value) if term else ones)
     rc = _recipe_constants(recipe)
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=rc["CAP"], SIGMA=rc["SIGMA"], STAGES=stages,
              REGS=ops.PP_WORKER_REGS, FLOOR=plan_for(get_recipe(recipe)).lowering_floor)

@@ -1,0 +1,162 @@
+"""Q smoothing's key term in the kernels (sm90_numerics difference 9): the gluon_pingpong kernel's chained K = 32
+wgmma and the triton kernel's per-score add of the same carried term, against the sm90 reference.
+
+Tolerance rule (tests/test_kernel_gpu.py): ``err(kernel) <= 2 err(sm90 reference) + 1e-3`` against float64
+attention, the kernel within 2e-2 of the reference, LSE within 5e-2 nats (+ 2e-6 relative). Skipped without CUDA;
+``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1`` runs the triton kernel's cases through the interpreter.
+"""
+
+import math
+import os
+
+import pytest
+import torch
+
+CPU_INTERPRET = os.environ.get("FSATTN_KERNEL_TEST_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
+if not CPU_INTERPRET:
+    if not torch.cuda.is_available():
+        pytest.skip("needs a CUDA GPU", allow_module_level=True)
+    if torch.cuda.get_device_capability()[0] < 9:
+        pytest.skip("needs sm_90+", allow_module_level=True)
+pytest.importorskip("triton")
+
+from fsattn_diffusers import sm90_numerics  # noqa: E402
+from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from fsattn_diffusers.kernels.ops import attention_from_operands, prepass  # noqa: E402
+from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
+from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
+from fsattn_diffusers.numerics import numerics_for  # noqa: E402
+from fsattn_diffusers.recipe import get_recipe  # noqa: E402
+from fsattn_diffusers.smoothing import lse_offset, smooth_inputs  # noqa: E402
+from fsattn_diffusers.testing import exact_attention, within_kernel_rule  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+DEV = "cpu" if CPU_INTERPRET else "cuda"
+VARIANTS = ["triton", "gluon_pingpong"]
+
+
+def rel(x, ref):
+    return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def _kernel(q, k, v, recipe_name, kv, variant):
+    plan = plan_for(get_recipe(recipe_name))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    ops = prepass(q, k, v, plan, scale, kv, variant=variant)
+    if DEV == "cuda":  # NaN in the allocator's free blocks: an unwritten output would show
+        torch.full((16 << 20,), float("nan"), device=DEV)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=DEV)
+    st = torch.zeros((2,), dtype=torch.int32, device=DEV)
+    attention_from_operands(ops, out, plan, q.shape[2], k.shape[2], kv, lse, st, variant=variant)
+    if ops.k_mean is not None:
+        lse = lse + lse_offset(q, ops.k_mean, scale)
+    return out, lse, st, ops
+
+
+def _check(name, q, k, v, recipe, variant, kv=None):
+    if CPU_INTERPRET and variant == "gluon_pingpong":
+        pytest.skip("Gluon kernels do not run in Triton's interpreter")
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    q_in, k_in, v_in = (t.clone() for t in (q, k, v))
+    out, lse, st, ops = _kernel(q, k, v, recipe, kv, variant)
+    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, get_recipe(recipe), scale=scale, kv_lens=kv)
+    ex_o, ex_lse = exact_attention(q, k, v, scale, kv)
+    e_k, e_r = rel(out, ex_o), rel(ref_o, ex_o)
+    finite = torch.isfinite(ex_lse)
+    # LSE: 5e-2 nats, plus float32 rounding where the scores are ~1e5 nats (a query tile 2^16 above the others)
+    lse_diff = float(((lse - ref_lse).abs() - 2e-6 * ex_lse.abs())[finite].max())
+    print(f"{name} {recipe} {variant} {tuple(q.shape)} kv_lens={None if kv is None else kv.tolist()}: err kernel "
+          f"{e_k:.5f} ref {e_r:.5f} kernel-vs-ref {rel(out, ref_o):.2e} lse maxdiff {lse_diff:.2e} | G "
+          f"{ops.kg.tolist()} | rollbacks kernel {st.tolist()} ref {ref_st['rollbacks']}")
+    assert all(torch.equal(a, b) for a, b in zip((q, k, v), (q_in, k_in, v_in))), "inputs modified"
+    assert not torch.isnan(out).any() and torch.equal(torch.isfinite(lse), finite)
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and lse_diff < 5e-2
+    return ops
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("recipe", ["mxfp8+smooth_q", "mxfp6+smooth_q"])
+@pytest.mark.parametrize("family,d", [("offset_uniform_q", 128), ("offset_direction_qk", 64), ("gaussian", 128),
+                                      ("attention_sink", 128)])
+def test_the_key_term_matches_the_reference(family, d, recipe, variant):
+    s = 1024 if CPU_INTERPRET else 4096
+    q, k, v = FAMILIES[family](1, 2, s, d, torch.bfloat16, DEV, 0)
+    _check(family, q[:, :, :640], k, v, recipe, variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_key_term_with_kv_lens(variant):
+    q, k, v = FAMILIES["offset_uniform_qk"](2, 2, 700, 128, torch.bfloat16, DEV, 1)
+    kv = torch.tensor([700, 333], device=DEV)
+    k2, v2 = k.clone(), v.clone()
+    k2[1, :, 333:] = 1e4  # garbage past kv_lens: must not move K's mean, the term or its shift G
+    v2[1, :, 333:] = -1e4
+    ops = _check("offset_uniform_qk", q, k2, v2, "mxfp8+smooth_q", variant, kv)
+    ops_clean = _kernel(q, k, v, "mxfp8+smooth_q", kv, variant)[3]
+    assert torch.equal(ops.kg, ops_clean.kg) and torch.equal(ops.bias, ops_clean.bias)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+@pytest.mark.parametrize("jitter", [1e-2, 0.0])
+def test_near_identical_queries_take_the_floor(jitter, variant):
+    """Queries equal up to ``jitter``: the term is far above the smoothed Q, so Q's tile exponent is floored
+    (identical queries: an all-zero smoothed Q whose tiles take the floor's exponent)."""
+    g = torch.Generator().manual_seed(2)
+    base = torch.randn(1, 2, 1, 128, generator=g) * 2.0
+    q = (base + jitter * torch.randn(1, 2, 300, 128, generator=g)).bfloat16().to(DEV)
+    k = torch.randn(1, 2, 500, 128, generator=g).bfloat16().to(DEV)
+    v = torch.randn(1, 2, 500, 128, generator=g).bfloat16().to(DEV)
+    ops = _check(f"near-identical queries (jitter {jitter})", q, k, v, "mxfp8+smooth_q", variant)
+    floor = (-ops.kg - sm90_numerics.QX_MAX_LOG2).view(1, 2, 1)
+    assert bool((ops.qe >= floor).all()) and bool((ops.qe == floor).any())  # the floor is reached
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_a_query_tile_far_above_the_term_drops_it(variant):
+    """A query tile 2^16 larger than the other (pairs of opposite rows, so Q's mean stays): 2^(-QE - G) is below
+    E4M3 there, so that tile drops the term and the other keeps it, as the reference does."""
+    g = torch.Generator().manual_seed(3)
+    q = torch.randn(1, 1, 256, 128, generator=g) + 3.0
+    big = torch.randn(1, 1, 64, 128, generator=g) * 2.0 ** 16
+    q[:, :, 128::2], q[:, :, 129::2] = big, -big
+    k = torch.randn(1, 1, 256, 128, generator=g)
+    v = torch.randn(1, 1, 256, 128, generator=g)
+    q, k, v = (t.bfloat16().to(DEV) for t in (q, k, v))
+    recipe = get_recipe("mxfp8+smooth_q").replace(numerics="sm90")
+    qs, ks, bias, _ = smooth_inputs(q, k, recipe, 128 ** -0.5)
+    kept = numerics_for(recipe).operands(qs, ks, v, 128 ** -0.5, None, bias)[-1]
+    assert kept[0, 0, :128].all() and not kept[0, 0, 128:].any()
+    _check("one query tile 2^16 above", q, k, v, "mxfp8+smooth_q", variant)
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_the_pre_pass_carries_the_reference_term(variant):
+    """The pre-pass's G, Q tile exponents and carried term equal the reference's (the per-key bias is summed in the
+    pre-pass's float32 order, so the carried term agrees to float32 rounding, not bit for bit)."""
+    if CPU_INTERPRET and variant == "gluon_pingpong":
+        pytest.skip("the gluon operands are built for a GPU launch")
+    q, k, v = FAMILIES["offset_uniform_q"](1, 2, 1000, 128, torch.bfloat16, DEV, 4)
+    recipe = get_recipe("mxfp8+smooth_q")
+    scale = 128 ** -0.5
+    ops = prepass(q, k, v, plan_for(recipe), scale, None, variant=variant)
+    qs, ks, bias, _ = smooth_inputs(q, k, recipe, scale)
+    _, ke = sm90_numerics.carry_mx(_prequant(ks, recipe, 1.0), "mxfp8", "round_up_175", 128, return_exps=True)
+    term = sm90_numerics.key_term(bias, ke)
+    _, qe = sm90_numerics.carry_mx(_prequant(qs, recipe, scale * 1.4426950408889634), "mxfp8", "round_up_175", 128,
+                                   floor=term.q_floor, return_exps=True)
+    d_bias = float((ops.bias[..., :1000] - term.bias_eff).abs().max() / term.bias_eff.abs().max())
+    print(f"{variant}: G kernel {ops.kg.tolist()} ref {term.g.reshape(-1).tolist()}; relative term difference "
+          f"{d_bias:.2e}")
+    assert torch.equal(ops.kg, term.g.reshape(-1)) and torch.equal(ops.qe, qe) and d_bias < 1e-5
+    assert float(ops.bias[..., 1000:].abs().max()) == 0.0
+    if variant == "gluon_pingpong":
+        kx = ops.kx.float().view(1, 2, -1, sm90_numerics.KEY_TERM_COLS)
+        ke_k = ops.ke.repeat_interleave(128, dim=-1)
+        assert torch.equal(torch.ldexp(kx.sum(dim=-1), ke_k - ops.kg.view(1, 2, 1)), ops.bias)
+
+
+def _prequant(x, recipe, mult):
+    from fsattn_diffusers.operands import prequantize_qk
+
+    return prequantize_qk(x, recipe, mult)
