@@ -185,15 +185,6 @@ def key_term(bias: torch.Tensor, ke: torch.Tensor, valid: Optional[torch.Tensor]
     return KeyTerm(lead, torch.stack(refine, dim=-1), g, -g - QX_MAX_LOG2, bias_eff)
 
 
-def key_term_operand(term: KeyTerm) -> torch.Tensor:
-    """The chained wgmma's B operand: (B * H * S_k, KEY_TERM_COLS) float8_e4m3fn (exact: the terms are E4M3 values)."""
-    b, h, s_k = term.lead.shape
-    kx = torch.empty((b * h * s_k, KEY_TERM_COLS), dtype=torch.float8_e4m3fn, device=term.lead.device)
-    kx[:, :KEY_TERM_LEAD] = term.lead.reshape(-1, 1).to(torch.float8_e4m3fn)
-    kx[:, KEY_TERM_LEAD:] = term.refine.reshape(-1, KEY_TERM_COLS - KEY_TERM_LEAD).to(torch.float8_e4m3fn)
-    return kx
-
-
 def key_term_kept(qe: torch.Tensor, g: torch.Tensor) -> torch.Tensor:
     """Which query tiles keep the key term (difference 9): ``-QE_t - G >= QX_MIN_LOG2``; qe (B, H, tiles), g (B, H)."""
     return (-qe - g[..., None]) >= QX_MIN_LOG2

@@ -10,9 +10,10 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fsattn_diffusers.exponent import LOG2E
-from fsattn_diffusers.sm90_numerics import KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2, key_term, key_term_operand
+from fsattn_diffusers.sm90_numerics import KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2
 from fsattn_diffusers.smoothing import lse_offset, token_mean
 
+from .key_term import key_term_operands
 from .plan import KernelPlan, plan_from_key
 from .prepass import INTERPRET, KEY_TILE, padded, prepare_qk, prepare_v
 
@@ -82,14 +83,12 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
     # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
                               q_mean=q_mean, bias_mult=scale * LOG2E)
-    term = key_term(bias, ke) if bias is not None else None  # the pre-pass wrote 0 for padded keys
-    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean,
-                           floor=term.q_floor if term is not None else None)
+    bias_eff = kx = kg = q_floor = None
+    if bias is not None:  # the pre-pass wrote 0 for padded keys
+        bias_eff, kx, kg, q_floor = key_term_operands(bias, ke, variant == GLUON_PINGPONG, INTERPRET)
+    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean, floor=q_floor)
     v8t, vs = prepare_v(v, plan, kv_lens, perm=True)
-    if term is None:
-        return KernelOperands(q8, qe, k8, ke, v8t, vs, None, k_mean)
-    kx = key_term_operand(term) if variant == GLUON_PINGPONG else None
-    return KernelOperands(q8, qe, k8, ke, v8t, vs, term.bias_eff, k_mean, kx, term.g.reshape(-1).contiguous())
+    return KernelOperands(q8, qe, k8, ke, v8t, vs, bias_eff, k_mean, kx, kg)
 
 
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
