@@ -54,7 +54,7 @@ def _key_term_kernel(BIAS, KE, KX, BEFF, G, SKP, HW_CVT: tl.constexpr, WRITE_KX:
     g = tl.where(m <= M_CAP, E_CAP - e, E_CAP - 1 - e)
     g = tl.where(a > 0, tl.minimum(tl.maximum(g, -G_MAX), G_MAX), G_MAX)
     tl.store(G + bh, g)
-    cols = tl.arange(0, COLS)
+    words = tl.arange(0, COLS // 4)
     for t in range(0, n_t):
         b = tl.load(BIAS + base + t * BN + keys)
         ke = tl.load(KE + bh * n_t + t)
@@ -62,15 +62,24 @@ def _key_term_kernel(BIAS, KE, KX, BEFF, G, SKP, HW_CVT: tl.constexpr, WRITE_KX:
         lead = _e4m3(tl.math.div_rn(x, KEY_TERM_LEAD * 1.0), HW_CVT)
         r = x - KEY_TERM_LEAD * lead
         total = KEY_TERM_LEAD * lead
-        kx = tl.where(cols[None, :] < KEY_TERM_LEAD, lead[:, None], 0.0)
+        last = tl.zeros((BN,), tl.int32)  # the refinements' four bytes, the row's last int32 word
         for i in tl.static_range(COLS - KEY_TERM_LEAD):
             ti = _e4m3(r, HW_CVT)
             r = r - ti
             total = total + ti
-            kx = tl.where(cols[None, :] == KEY_TERM_LEAD + i, ti[:, None], kx)
+            last = last | (_byte(ti) << (8 * i))
         tl.store(BEFF + base + t * BN + keys, total * pow2(ke - g))
-        if WRITE_KX:
-            tl.store(KX + (base + t * BN + keys)[:, None] * COLS + cols[None, :], kx.to(tl.float8e4nv))
+        if WRITE_KX:  # Kx's row as COLS / 4 int32 words: the lead byte four times per word, then the last word
+            # (built from bytes: a (BN, COLS) FP8 tensor stored directly came out with half its lead columns zero)
+            lead4 = _byte(lead) * 0x01010101
+            row = tl.where(words[None, :] < KEY_TERM_LEAD // 4, lead4[:, None], last[:, None])
+            tl.store(KX + (base + t * BN + keys)[:, None] * (COLS // 4) + words[None, :], row)
+
+
+@triton.jit
+def _byte(e):
+    """The E4M3 byte (int32, 0..255) of an fp32 value that is already an E4M3 value (exact cast)."""
+    return e.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
 
 
 def key_term_operands(bias: torch.Tensor, ke: torch.Tensor, write_kx: bool, interpret: bool):
@@ -91,6 +100,6 @@ def key_term_operands(bias: torch.Tensor, ke: torch.Tensor, write_kx: bool, inte
     g = torch.empty((b * h,), dtype=torch.int32, device=bias.device)
     kx = (torch.empty((b * h * skp, KEY_TERM_COLS.value), dtype=torch.float8_e4m3fn, device=bias.device)
           if write_kx else None)
-    _key_term_kernel[(b * h,)](bias, ke, kx if write_kx else bias_eff, bias_eff, g, skp, HW_CVT=not interpret,
+    _key_term_kernel[(b * h,)](bias, ke, kx.view(torch.int32) if write_kx else g, bias_eff, g, skp, HW_CVT=not interpret,
                                WRITE_KX=write_kx, BN=KEY_TILE, COLS=KEY_TERM_COLS.value, num_warps=WARPS)
     return bias_eff, kx, g, (-g - sm90_numerics.QX_MAX_LOG2).view(b, h)

@@ -428,7 +428,7 @@ def test_prepass_operands_equal_the_sm90_reference(recipe, shape):
     kv = None if lens is None else torch.tensor(lens, device=DEV)
     plan = plan_for(PRESETS[recipe])
     scale = 1.0 / math.sqrt(d)
-    q8, qe, k8, ke, v8t, vs, bias, _ = prepass(q, k, v, plan, scale, kv, variant="triton")
+    q8, qe, k8, ke, v8t, vs, bias = prepass(q, k, v, plan, scale, kv, variant="triton")[:7]
     valid = None if kv is None else torch.arange(s_k, device=DEV)[None, :] < kv[:, None]
     q_in, k_in, ref_bias, _ = smooth_inputs(q, k, PRESETS[recipe], scale, valid)  # the robust presets smooth Q, K
     qc, kc, vc = sm90_numerics.operands(q_in, k_in, v, PRESETS[recipe], scale, valid)

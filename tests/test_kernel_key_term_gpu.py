@@ -134,15 +134,16 @@ def test_a_query_tile_far_above_the_term_drops_it(variant):
     _check("one query tile 2^16 above", q, k, v, "mxfp8+smooth_q", variant)
 
 
+@pytest.mark.parametrize("skp", [640, 4096])
 @pytest.mark.parametrize("scales", [(1e-3, 5.0), (300.0, 0.0)])
-def test_the_key_term_pass_equals_the_reference_bit_for_bit(scales):
+def test_the_key_term_pass_equals_the_reference_bit_for_bit(scales, skp):
     """kernels/key_term.py against sm90_numerics.key_term on the same per-key bias and K exponents."""
     from fsattn_diffusers.kernels.key_term import key_term_operands
 
     g = torch.Generator().manual_seed(7)
-    bias = torch.randn(2, len(scales), 640, generator=g) * torch.tensor(scales).view(1, -1, 1)
-    bias[1, :, 500:] = 0.0  # padded keys, as the K pre-pass writes them
-    ke = torch.randint(-12, 3, (2, len(scales), 5), generator=g, dtype=torch.int32)
+    bias = torch.randn(2, len(scales), skp, generator=g) * torch.tensor(scales).view(1, -1, 1)
+    bias[1, :, skp - 140:] = 0.0  # padded keys, as the K pre-pass writes them
+    ke = torch.randint(-12, 3, (2, len(scales), skp // 128), generator=g, dtype=torch.int32)
     ref = sm90_numerics.key_term(bias, ke)
     bias_eff, kx, kg, q_floor = key_term_operands(bias.to(DEV), ke.to(DEV), True, CPU_INTERPRET)
     terms = torch.cat([ref.lead[..., None].expand(*ref.lead.shape, sm90_numerics.KEY_TERM_LEAD), ref.refine], -1)
