@@ -63,7 +63,7 @@ class KernelPlan:
     gate_cap: int  # doublings above the frozen reference that fire the gate
     hadamard_signs: bool = False  # rotate by H diag(s) (hadamard.rotation_signs)
     smooth_k: bool = False  # the pre-pass subtracts K's token mean (smoothing.token_mean)
-    smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the per-key bias q_mean . k_j
+    smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the key term q_mean . k_j
     h15: bool = False  # Rowmax-H15 exponential (sm90_numerics difference 8) instead of Schraudolph's
     gate_floor: int = 0  # doublings below the reference that lower it (Recipe.rollback_floor_log2); 0: never
 

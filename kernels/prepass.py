@@ -233,6 +233,9 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     smoothing, (B, H, SP) float32, as a third output (``None`` without ``q_mean``).
     ``floor`` (B, H) int32, optional (``tile_ref``): the smallest tile exponent (sm90_numerics difference 9).
     """
+    if floor is not None and not tile_ref:
+        raise ValueError("prepare_qk: floor (the smallest tile exponent) needs tile_ref=True; accepted: floor=None "
+                         "with per-row exponents")
     b, h, s, d = x.shape
     sp = padded(s, ROWS)
     out = torch.empty((b, h, sp, d), dtype=torch.float8_e4m3fn, device=x.device)
