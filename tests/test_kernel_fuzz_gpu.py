@@ -19,12 +19,9 @@ import time
 import pytest
 import torch
 
-CPU_INTERPRET = os.environ.get("FSATTN_KERNEL_TEST_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-if not CPU_INTERPRET:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU", allow_module_level=True)
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("needs sm_90+", allow_module_level=True)
+from kernel_device import CPU_INTERPRET, DEV, skip_module_without_sm90  # noqa: E402
+
+skip_module_without_sm90()
 triton = pytest.importorskip("triton")
 
 from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
@@ -37,7 +34,6 @@ from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, eff
 from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-DEV = "cpu" if CPU_INTERPRET else "cuda"
 #: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (the per-key score term,
 #: with the lowering gate of the mxfp8 preset).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None

@@ -13,18 +13,14 @@ checks on the CPU through Triton's interpreter (slow; for developing the tests).
 """
 
 import math
-import os
 import warnings
 
 import pytest
 import torch
 
-CPU_INTERPRET = os.environ.get("FSATTN_KERNEL_TEST_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-if not CPU_INTERPRET:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU", allow_module_level=True)
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("needs sm_90+", allow_module_level=True)
+from kernel_device import CPU_INTERPRET, DEV, skip_module_without_sm90  # noqa: E402
+
+skip_module_without_sm90()
 triton = pytest.importorskip("triton")
 import triton.language as tl  # noqa: E402
 from tile_patterns import patterned_tiles  # noqa: E402
@@ -44,7 +40,6 @@ from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-DEV = "cpu" if CPU_INTERPRET else "cuda"
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
 #: The kernel's exponentials: Schraudolph's (the presets) and Rowmax-H15 (sm90_numerics difference 8).
 H15 = "mxfp8+exponential=rowmax_h15"

@@ -8,17 +8,14 @@ the scores on structured inputs, measured below). Skipped without CUDA;
 """
 
 import math
-import os
 
 import pytest
 import torch
 
-CPU_INTERPRET = os.environ.get("FSATTN_KERNEL_TEST_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
-if not CPU_INTERPRET:
-    if not torch.cuda.is_available():
-        pytest.skip("needs a CUDA GPU", allow_module_level=True)
-    if torch.cuda.get_device_capability()[0] < 9:
-        pytest.skip("needs sm_90+", allow_module_level=True)
+from kernel_device import CPU_INTERPRET, DEV, skip_module_without_sm90  # noqa: E402
+from tile_patterns import query_tile_far_above  # noqa: E402
+
+skip_module_without_sm90()
 pytest.importorskip("triton")
 
 from fsattn_diffusers import sm90_numerics  # noqa: E402
@@ -32,7 +29,6 @@ from fsattn_diffusers.smoothing import lse_offset, smooth_inputs  # noqa: E402
 from fsattn_diffusers.testing import exact_attention, within_kernel_rule  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-DEV = "cpu" if CPU_INTERPRET else "cuda"
 VARIANTS = ["triton", "gluon_pingpong"]
 # LSE against the reference: FP8 tensor-core accumulation (not modeled) keeps ~13 bits of the scores; on these
 # families both kernels' LSE moved by up to 0.066 nats on the H200 (the triton kernel too, which adds the term in
@@ -120,13 +116,7 @@ def test_near_identical_queries_take_the_floor(jitter, variant):
 def test_a_query_tile_far_above_the_term_drops_it(variant):
     """A query tile 2^16 larger than the other (pairs of opposite rows, so Q's mean stays): 2^(-QE - G) is below
     E4M3 there, so that tile drops the term and the other keeps it, as the reference does."""
-    g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 1, 256, 128, generator=g) + 3.0
-    big = torch.randn(1, 1, 64, 128, generator=g) * 2.0 ** 16
-    q[:, :, 128::2], q[:, :, 129::2] = big, -big
-    k = torch.randn(1, 1, 256, 128, generator=g)
-    v = torch.randn(1, 1, 256, 128, generator=g)
-    q, k, v = (t.bfloat16().to(DEV) for t in (q, k, v))
+    q, k, v = query_tile_far_above(device=DEV)
     recipe = get_recipe("mxfp8+smooth_q").replace(numerics="sm90")
     qs, ks, bias, _ = smooth_inputs(q, k, recipe, 128 ** -0.5)
     kept = numerics_for(recipe).operands(qs, ks, v, 128 ** -0.5, None, bias)[-1]

@@ -11,6 +11,7 @@ from fsattn_diffusers.formats import E4M3, round_to_elem
 from fsattn_diffusers.measure.structured_inputs import FAMILIES
 from fsattn_diffusers.recipe import get_recipe
 from fsattn_diffusers.testing import exact_attention, relative_error
+from tile_patterns import query_tile_far_above
 
 SMOOTH_Q = "mxfp8+smooth_q"
 
@@ -106,13 +107,7 @@ def test_a_query_tile_far_above_the_term_drops_it():
     """A query tile 2^16 larger than the others, in pairs of opposite rows (so it leaves Q's mean alone):
     2^(-QE - G) falls below E4M3 there and that tile drops the term (its scores are ~2^14 times the term), the other
     keeps it; the output stays as accurate as with the exact term."""
-    g = torch.Generator().manual_seed(3)
-    q = torch.randn(1, 1, 256, 128, generator=g) + 3.0
-    big = torch.randn(1, 1, 64, 128, generator=g) * 2.0 ** 16
-    q[:, :, 128::2], q[:, :, 129::2] = big, -big
-    k = torch.randn(1, 1, 256, 128, generator=g)
-    v = torch.randn(1, 1, 256, 128, generator=g)
-    q, k, v = q.bfloat16(), k.bfloat16(), v.bfloat16()
+    q, k, v = query_tile_far_above()
     recipe = get_recipe(SMOOTH_Q).replace(numerics="sm90")
     from fsattn_diffusers.numerics import numerics_for
     from fsattn_diffusers.smoothing import smooth_inputs
