@@ -152,17 +152,17 @@ def _warp_any(fire, WG: gl.constexpr):
 
 @gluon.jit
 def _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, slot, tile, krow0, vrow0, pred,
-             BN: gl.constexpr, HAS_BIAS: gl.constexpr):
-    """K and V (``HAS_BIAS``: and the key term's Kx) of key tile ``tile`` into ``slot``, all on the slot's one mbarrier
+             BN: gl.constexpr, KEY_TERM: gl.constexpr):
+    """K and V (``KEY_TERM``: and the key term's Kx) of key tile ``tile`` into ``slot``, all on the slot's one mbarrier
     (one expect, one wait per tile; separate K and V barriers cost an expect, a BAR.SYNC and a wait more per tile)."""
-    if HAS_BIAS:
+    if KEY_TERM:
         nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes + kx_desc.block_type.nbytes
     else:
         nbytes: gl.constexpr = k_desc.block_type.nbytes + v_desc.block_type.nbytes
     mbarrier.expect(kvbar.index(slot), nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, [krow0 + tile * BN, 0], kvbar.index(slot), k_smem.index(slot), pred=pred)
     tma.async_copy_global_to_shared(v_desc, [vrow0, tile * BN], kvbar.index(slot), v_smem.index(slot), pred=pred)
-    if HAS_BIAS:
+    if KEY_TERM:
         tma.async_copy_global_to_shared(kx_desc, [krow0 + tile * BN, 0], kvbar.index(slot), kx_smem.index(slot),
                                         pred=pred)
 
@@ -200,16 +200,16 @@ def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN:
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
+def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
-    ``HAS_BIAS``: Q smoothing's per-key term enters the score GEMM as a second, K = 32 wgmma chained on it,
+    ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a second, K = 32 wgmma chained on it,
     ``S_j += Qx Kx_j^T`` (sm90_numerics difference 9; ``qx_smem`` the query tile's power of two, ``kx_smem`` the
     key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
     row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
-    Both partitions run this function; ``WG``, ``HAS_BIAS`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
+    Both partitions run this function; ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
     tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as runtime
     scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never) lowers
     the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
@@ -257,7 +257,7 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
         if not P_MX:
             mbarrier.wait(onesbar.index(0), 0)
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-        if HAS_BIAS:
+        if KEY_TERM:
             mbarrier.wait(onesbar.index(1), 0)  # the Qx tile
             s = warpgroup_mma(qx_smem, kx_smem.index(0).permute((1, 0)), s, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
@@ -278,7 +278,7 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
             pa = _words_to_fp8(pw, p_layout, BM, BN)  # Stage-B of tile j-1 was done at the end of iteration j-1
             mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)  # K_j and V_j (V_{j-1} was waited for with K_{j-1})
             s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            if HAS_BIAS:  # chained on S_j: no wait between the two
+            if KEY_TERM:  # chained on S_j: no wait between the two
                 s = warpgroup_mma(qx_smem, kx_smem.index(slot).permute((1, 0)), s, is_async=True)
             if not P_MX:
                 lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
@@ -301,7 +301,7 @@ def _consumer(WG: gl.constexpr, HAS_BIAS: gl.constexpr, P_MX: gl.constexpr, q_sm
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
                 _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
-                         j - 1 + STAGES < n_tiles, BN, HAS_BIAS)
+                         j - 1 + STAGES < n_tiles, BN, KEY_TERM)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
                 # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
                 delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
@@ -354,7 +354,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
                                      D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr,
                                      WRITE_LSE: gl.constexpr, CAP: gl.constexpr, FLOOR: gl.constexpr,
                                      SIGMA: gl.constexpr,
-                                     STAGES: gl.constexpr, REGS: gl.constexpr, HAS_BIAS: gl.constexpr = False,
+                                     STAGES: gl.constexpr, REGS: gl.constexpr, KEY_TERM: gl.constexpr = False,
                                      P_MX: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
@@ -362,10 +362,10 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     k_desc : of K8 (B*H*SKP, D), block (BN, D), NaN rows past the valid keys.
     v_desc : of V8T (B*H*D, SKP), block (D, BN), keys permuted into the FP8 A-fragment order.
     ones_desc : of an (8, BN) E4M3 tensor of ones, block (8, BN): the row sum's B operand.
-    qx_desc : (``HAS_BIAS``) of the key term's table of A tiles (kernels.ops._qx_table), block (64, 32); KG (B*H)
+    qx_desc : (``KEY_TERM``) of the key term's table of A tiles (kernels.ops._qx_table), block (64, 32); KG (B*H)
         int32 the shift G: the tile ``2^(-QE - G)`` is loaded, or the zero tile below 2^QX_MIN_LOG2.
-    kx_desc : (``HAS_BIAS``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
-    Without ``HAS_BIAS`` both may be any descriptor (ones_desc); they are not read.
+    kx_desc : (``KEY_TERM``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
+    Without ``KEY_TERM`` both may be any descriptor (ones_desc); they are not read.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -383,7 +383,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
     ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [ONES_N, BN], ones_desc.layout)
-    if HAS_BIAS:
+    if KEY_TERM:
         qx_smem = gl.allocate_shared_memory(gl.float8e4nv, [WG_ROWS, KEY_TERM_COLS], qx_desc.layout)
         kx_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, KEY_TERM_COLS], kx_desc.layout)
     else:  # not allocated (never read)
@@ -410,18 +410,18 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     if not P_MX:
         mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
-    if HAS_BIAS:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
+    if KEY_TERM:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
         v = -gl.load(QE + bh * (SQP // 128) + pid_m) - gl.load(KG + bh)
         qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1, gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
         mbarrier.expect(onesbar.index(1), qx_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem, pred=n_tiles > 0)
     for i in gl.static_range(STAGES):
         _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN,
-                 HAS_BIAS)
+                 KEY_TERM)
 
     args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc,
             QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
             WRITE_LSE, CAP, FLOOR, SIGMA)
-    # one partition per 64-row warpgroup, both running _consumer (WG, HAS_BIAS, P_MX as constexprs)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), HAS_BIAS, P_MX) + args),
-                        (_consumer, (gl.constexpr(1), HAS_BIAS, P_MX) + args)], [4], [REGS])
+    # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX as constexprs)
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX) + args),
+                        (_consumer, (gl.constexpr(1), KEY_TERM, P_MX) + args)], [4], [REGS])

@@ -166,7 +166,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
-        STAGES=num_stages, REGS=PP_WORKER_REGS, HAS_BIAS=bias is not None, P_MX=plan.p_mxfp6, num_warps=4)
+        STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=has_term, P_MX=plan.p_mxfp6, num_warps=4)
     if nkw:
         stats[1] += _popcount(flags).to(torch.int32)
 

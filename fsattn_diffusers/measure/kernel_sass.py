@@ -99,7 +99,7 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
 
     bn = ops.BLOCK_N
     ones = desc(pp.ONES_N.value, bn)
-    term = const.get("HAS_BIAS", False)  # the key term's chained wgmma operands (else ones_desc, unread)
+    term = const.get("KEY_TERM", False)  # the key term's chained wgmma operands (else ones_desc, unread)
     types = dict(TYPES, q_desc=desc(pp.WG_ROWS.value, d), k_desc=desc(bn, d), v_desc=desc(d, bn), ones_desc=ones,
                  qx_desc=desc(pp.WG_ROWS.value, pp.KEY_TERM_COLS.value) if term else ones,
                  kx_desc=desc(bn, pp.KEY_TERM_COLS.value) if term else ones)
@@ -124,10 +124,10 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
-    "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q", HAS_BIAS=True)),
+    "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q", KEY_TERM=True)),
     "gluon_pingpong_mxfp6": (compile_gluon, dict(recipe="mxfp6", P_MX=True)),
     "gluon_pingpong_mxfp6_d64": (compile_gluon, dict(recipe="mxfp6", P_MX=True, d=64)),
-    "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q", P_MX=True, HAS_BIAS=True)),
+    "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q", P_MX=True, KEY_TERM=True)),
     "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q", HAS_BIAS=True)),
 }
 
