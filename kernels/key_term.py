@@ -100,6 +100,7 @@ def key_term_operands(bias: torch.Tensor, ke: torch.Tensor, write_kx: bool, inte
     g = torch.empty((b * h,), dtype=torch.int32, device=bias.device)
     kx = (torch.empty((b * h * skp, KEY_TERM_COLS.value), dtype=torch.float8_e4m3fn, device=bias.device)
           if write_kx else None)
-    _key_term_kernel[(b * h,)](bias, ke, kx.view(torch.int32) if write_kx else g, bias_eff, g, skp, HW_CVT=not interpret,
-                               WRITE_KX=write_kx, BN=KEY_TILE, COLS=KEY_TERM_COLS.value, num_warps=WARPS)
+    _key_term_kernel[(b * h,)](bias, ke, kx.view(torch.int32) if write_kx else g, bias_eff, g, skp,
+                               HW_CVT=not interpret, WRITE_KX=write_kx, BN=KEY_TILE, COLS=KEY_TERM_COLS.value,
+                               num_warps=WARPS)
     return bias_eff, kx, g, (-g - sm90_numerics.QX_MAX_LOG2).view(b, h)
