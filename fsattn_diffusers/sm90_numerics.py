@@ -91,6 +91,10 @@ QX_MAX_LOG2 = 8
 KEY_TERM_G_MAX = 40
 #: E4M3's largest finite value.
 E4M3_MAX = 448.0
+#: The terms' capacity KEY_TERM_LEAD * E4M3_MAX = KEY_TERM_CAP_MANT * 2^KEY_TERM_CAP_EXP, the mantissa in [1, 2).
+KEY_TERM_CAP = KEY_TERM_LEAD * E4M3_MAX
+KEY_TERM_CAP_EXP = int(KEY_TERM_CAP).bit_length() - 1
+KEY_TERM_CAP_MANT = KEY_TERM_CAP / 2 ** KEY_TERM_CAP_EXP
 
 
 def e4m3(x: torch.Tensor) -> torch.Tensor:
@@ -163,14 +167,7 @@ def key_term(bias: torch.Tensor, ke: torch.Tensor, valid: Optional[torch.Tensor]
     ke_k = ke.repeat_interleave(TILE, dim=-1)[..., :s_k]
     y = torch.ldexp(bias.to(torch.float32), -ke_k)  # b_j 2^-KE_j, exact
     amax = y.abs().amax(dim=-1) if s_k else torch.zeros(bias.shape[:-1], device=bias.device)
-    cap = KEY_TERM_LEAD * E4M3_MAX
-    # the largest G with amax 2^G <= cap (float64 log2, then one exact correction each way)
-    g = torch.floor(torch.log2(cap / amax.double()))
-    g = torch.nan_to_num(g, nan=0.0, posinf=KEY_TERM_G_MAX, neginf=-KEY_TERM_G_MAX).clamp(-KEY_TERM_G_MAX - 1,
-                                                                                            KEY_TERM_G_MAX + 1)
-    g = torch.where(torch.ldexp(amax.double(), g) > cap, g - 1, g)
-    g = torch.where(torch.ldexp(amax.double(), g + 1) <= cap, g + 1, g)
-    g = g.clamp(-KEY_TERM_G_MAX, KEY_TERM_G_MAX).to(torch.int32)
+    g = key_term_shift(amax)
     x = torch.ldexp(y, g[..., None])
     lead = e4m3(x / KEY_TERM_LEAD)
     r = x - KEY_TERM_LEAD * lead  # exact (Sterbenz), and |r| <= 28 * 16
@@ -183,6 +180,19 @@ def key_term(bias: torch.Tensor, ke: torch.Tensor, valid: Optional[torch.Tensor]
         total = total + t  # exact: every partial sum is x minus a remainder on x's fp32 grid
     bias_eff = torch.ldexp(total, ke_k - g[..., None])
     return KeyTerm(lead, torch.stack(refine, dim=-1), g, -g - QX_MAX_LOG2, bias_eff)
+
+
+def key_term_shift(amax: torch.Tensor) -> torch.Tensor:
+    """The shift G (int32, amax's shape): the largest integer with ``amax 2^G <= KEY_TERM_CAP``, from amax's float32
+    bits (``amax = m 2^e``, m in [1, 2): G is ``e_cap - e``, one less where ``m`` exceeds the capacity's mantissa),
+    clamped to +-KEY_TERM_G_MAX; KEY_TERM_G_MAX where amax is 0 (or NaN). kernels/key_term.py computes it the same way.
+    """
+    bits = amax.to(torch.float32).contiguous().view(torch.int32)
+    e = ((bits >> 23) & 0xFF) - 127
+    m = ((bits & 0x007FFFFF) | 0x3F800000).view(torch.float32)
+    g = torch.where(m <= KEY_TERM_CAP_MANT, KEY_TERM_CAP_EXP - e, KEY_TERM_CAP_EXP - 1 - e)
+    g = torch.where(amax > 0, g.clamp(-KEY_TERM_G_MAX, KEY_TERM_G_MAX), torch.full_like(g, KEY_TERM_G_MAX))
+    return g.to(torch.int32)
 
 
 def key_term_kept(qe: torch.Tensor, g: torch.Tensor) -> torch.Tensor:

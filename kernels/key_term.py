@@ -17,10 +17,9 @@ from .common import KEY_TERM_COLS, pow2, round_elem
 KEY_TILE = sm90_numerics.TILE
 KEY_TERM_LEAD = tl.constexpr(sm90_numerics.KEY_TERM_LEAD)
 G_MAX = tl.constexpr(sm90_numerics.KEY_TERM_G_MAX)
-# The terms' capacity KEY_TERM_LEAD * 448 = m_cap 2^e_cap, m_cap in [1, 2).
-_CAP = sm90_numerics.KEY_TERM_LEAD * sm90_numerics.E4M3_MAX
-E_CAP = tl.constexpr(int(_CAP).bit_length() - 1)
-M_CAP = tl.constexpr(_CAP / 2 ** (int(_CAP).bit_length() - 1))
+# The terms' capacity m_cap 2^e_cap, m_cap in [1, 2) (sm90_numerics.key_term_shift).
+E_CAP = tl.constexpr(sm90_numerics.KEY_TERM_CAP_EXP)
+M_CAP = tl.constexpr(sm90_numerics.KEY_TERM_CAP_MANT)
 WARPS = 4
 
 
@@ -47,7 +46,7 @@ def _key_term_kernel(BIAS, KE, KX, BEFF, G, SKP, HW_CVT: tl.constexpr, WRITE_KX:
         b = tl.load(BIAS + base + t * BN + keys)
         amax = tl.maximum(amax, tl.abs(b) * pow2(-tl.load(KE + bh * n_t + t)))
     a = tl.max(amax, axis=0)
-    # the largest g with a 2^g <= m_cap 2^e_cap: a = m 2^e with m in [1, 2)
+    # the largest g with a 2^g <= m_cap 2^e_cap: a = m 2^e with m in [1, 2) (sm90_numerics.key_term_shift)
     bits = a.to(tl.int32, bitcast=True)
     e = ((bits >> 23) & 0xFF) - 127
     m = (bits & 0x007FFFFF | 0x3F800000).to(tl.float32, bitcast=True)

@@ -155,7 +155,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
     flags = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
     ones_desc = _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N])
     if has_term:  # the chained wgmma's operands: Qx from the table of powers of two, Kx per key
-        qx_desc = _fp8_desc(_qx_table(q8.device), [WG_ROWS.value, KEY_TERM_COLS])
+        qx_desc = _fp8_desc(_qx_table(q8.device, WG_ROWS.value), [WG_ROWS.value, KEY_TERM_COLS])
         kx_desc = _fp8_desc(ops.kx, [BLOCK_N, KEY_TERM_COLS])
     else:  # unused (never loaded)
         qx_desc = kx_desc = ones_desc
@@ -175,14 +175,14 @@ _ONES = {}
 _QX = {}
 
 
-def _qx_table(device) -> torch.Tensor:
-    """The key term's A operands (sm90_numerics difference 9), one 64-row tile per power of two: tile ``i`` holds
-    ``2^(QX_MIN_LOG2 + i)`` in every column for i < QX_TILES - 1, the last tile zeros (a query tile that drops the
-    term). (QX_TILES * 64, KEY_TERM_COLS) E4M3, one per device."""
-    key = str(device)
+def _qx_table(device, rows: int) -> torch.Tensor:
+    """The key term's A operands (sm90_numerics difference 9), one ``rows``-row tile per power of two: tile ``i``
+    holds ``2^(QX_MIN_LOG2 + i)`` in every column for i <= QX_MAX_LOG2 - QX_MIN_LOG2, the tile after them zeros (a
+    query tile that drops the term). ((QX_MAX_LOG2 - QX_MIN_LOG2 + 2) * rows, KEY_TERM_COLS) E4M3, one per device."""
+    key = (str(device), rows)
     if key not in _QX:
         vals = [2.0 ** e for e in range(QX_MIN_LOG2, QX_MAX_LOG2 + 1)] + [0.0]
-        col = torch.tensor(vals, dtype=torch.float32, device=device).repeat_interleave(64)
+        col = torch.tensor(vals, dtype=torch.float32, device=device).repeat_interleave(rows)
         _QX[key] = col[:, None].expand(-1, KEY_TERM_COLS).contiguous().to(torch.float8_e4m3fn)
     return _QX[key]
 

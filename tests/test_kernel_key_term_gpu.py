@@ -24,6 +24,7 @@ from fsattn_diffusers.kernels.ops import attention_from_operands, prepass  # noq
 from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 from fsattn_diffusers.numerics import numerics_for  # noqa: E402
+from fsattn_diffusers.operands import LOG2E, prequantize_qk  # noqa: E402
 from fsattn_diffusers.recipe import get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset, smooth_inputs  # noqa: E402
 from fsattn_diffusers.testing import exact_attention, within_kernel_rule  # noqa: E402
@@ -154,9 +155,9 @@ def test_the_pre_pass_carries_the_reference_term(variant):
     scale = 128 ** -0.5
     ops = prepass(q, k, v, plan_for(recipe), scale, None, variant=variant)
     qs, ks, bias, _ = smooth_inputs(q, k, recipe, scale)
-    _, ke = sm90_numerics.carry_mx(_prequant(ks, recipe, 1.0), "mxfp8", "round_up_175", 128, return_exps=True)
+    _, ke = sm90_numerics.carry_mx(prequantize_qk(ks, recipe, 1.0), "mxfp8", "round_up_175", 128, return_exps=True)
     term = sm90_numerics.key_term(bias, ke)
-    _, qe = sm90_numerics.carry_mx(_prequant(qs, recipe, scale * 1.4426950408889634), "mxfp8", "round_up_175", 128,
+    _, qe = sm90_numerics.carry_mx(prequantize_qk(qs, recipe, scale * LOG2E), "mxfp8", "round_up_175", 128,
                                    floor=term.q_floor, return_exps=True)
     d_bias = float((ops.bias[..., :1000] - term.bias_eff).abs().max() / term.bias_eff.abs().max())
     print(f"{variant}: G kernel {ops.kg.tolist()} ref {term.g.reshape(-1).tolist()}; relative term difference "
@@ -168,8 +169,3 @@ def test_the_pre_pass_carries_the_reference_term(variant):
         ke_k = ops.ke.repeat_interleave(128, dim=-1)
         assert torch.equal(torch.ldexp(kx.sum(dim=-1), ke_k - ops.kg.view(1, 2, 1)), ops.bias)
 
-
-def _prequant(x, recipe, mult):
-    from fsattn_diffusers.operands import prequantize_qk
-
-    return prequantize_qk(x, recipe, mult)
