@@ -118,8 +118,11 @@ def attention(
         one warning per process, and the (batch, head) slices that hold them are computed with exact
         float64 attention, so the damage is what exact attention gives (one NaN in q: its row; one +inf
         in k: the rows whose score with that key is +inf) and the other slices are the recipe's values.
-        With ``True`` a ``ValueError`` naming the tensors and counts. The check costs one read of q, k,
-        v and one host sync per call; it is skipped while ``torch.compile`` traces (NUMERICS.md section 8).
+        With ``True`` a ``ValueError`` naming the tensors and counts, raised before any work. The check
+        costs one host sync per call: the Triton backend finds the flags in its pre-pass's own reads and the
+        sync waits for the pre-pass only, so the call returns while the attention kernel runs; the other
+        backends (and ``strict=True``, before the backend) take one extra read of q, k, v and wait for it.
+        It is skipped while ``torch.compile`` traces (NUMERICS.md section 8).
 
     Gradients: with grad mode on and an input that requires grad, recipes without quantized operands
     and with the exact exponential (``exact``, ``bf16``) run a differentiable PyTorch path (the
@@ -148,24 +151,32 @@ def attention(
     lens = _as_kv_lens(kv_lens, b, s_k, q.device)
     if layout == "bshd":  # views, no copies
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    flags = detect_nonfinite(q, k, v, lens)
+    # strict: detect first and fail before any work; otherwise the backend may find the flags in its own reads
+    flags = detect_nonfinite(q, k, v, lens) if strict else None
     flagged = nonfinite.any_flagged(flags) if strict else None
-    if flagged:  # strict: fail before any work
+    if flagged:
         nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, lens))
     grad = differentiable.wants_grad(q, k, v)
     if grad and differentiable.supports(recipe):
         out, lse, stats = differentiable.attention(q, k, v, recipe, scale=scale, kv_lens=lens,
                                                    return_lse=return_lse, return_stats=return_stats)
+        if flags is None:
+            flags = detect_nonfinite(q, k, v, lens)
         if nonfinite.any_flagged(flags) if flagged is None else flagged:  # exact arithmetic already: warn only
             nonfinite.warn_counts(nonfinite.count_nonfinite(q, k, v, flags, lens), int(flags.sum()))
     else:
-        def run(q_, k_, v_):
-            return run_backend(backend, q_, k_, v_, recipe, scale=scale, kv_lens=lens,
-                               return_lse=return_lse, return_stats=return_stats)
-        out, lse, stats = run(q, k, v)
+        def run(q_, k_, v_, detect=False):
+            return run_backend(backend, q_, k_, v_, recipe, scale=scale, kv_lens=lens, return_lse=return_lse,
+                               return_stats=return_stats, detect_nonfinite=detect)
+        detect = flags is None and not torch.compiler.is_compiling()
+        out, lse, stats, staged = run(q, k, v, detect)
+        if detect:  # the backend's own flags (staged before its last kernel), else one detection pass now
+            staged = staged if staged is not None else nonfinite.StagedFlags(detect_nonfinite(q, k, v, lens))
+            flags = staged.flags
+            flagged = staged.any()
         if nonfinite.any_flagged(flags) if flagged is None else flagged:
             out, lse, stats = nonfinite.repair(flags, q, k, v, out, lse, stats, recipe, scale=scale, kv_lens=lens,
-                                               strict=strict, rerun=run)
+                                               strict=strict, rerun=lambda *t: run(*t)[:3])
         if grad:  # forward as usual; a backward through the result raises the one-line refusal
             out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
     if layout == "bshd":

@@ -7,9 +7,9 @@ the block's other elements, a per-tensor FP8 scale turns the whole tensor into z
 * :func:`detect` — per token, ``torch.aminmax`` of q, k and v over the head dim (NaN propagates, no float32 copy),
   reduced per (batch, head), keys past ``kv_lens`` left out. A token whose max - min overflows float32 only sends the
   call down the slow path, which then finds nothing to repair. One read pass of each input, no host sync.
-* :func:`repair` — one host sync (``flags.any()``). Only when a slice is flagged: the non-finite
-  elements of each tensor are counted; ``strict=True`` raises a one-line ``ValueError``; otherwise one
-  warning per process, and the flagged (batch, head) slices of ``out`` (and ``lse``) are overwritten by
+* :func:`repair` — after one host sync (:class:`StagedFlags`, which waits for the flags only). Only when a slice
+  is flagged: the non-finite elements of each tensor are counted; ``strict=True`` raises a one-line ``ValueError``;
+  otherwise one warning per process, and the flagged (batch, head) slices of ``out`` (and ``lse``) are overwritten by
   exact float64 softmax attention on the same inputs, so the damage is exactly what exact attention
   produces (one NaN in q: its row; one +inf in k: the rows whose score with that key is +inf).
   Recipes with a per-tensor scale (``fp8_tensor`` V, ``fp8`` Q/K) are first re-run on a copy with the
@@ -70,10 +70,35 @@ def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[
 
 
 def any_flagged(flags: Optional[torch.Tensor]) -> bool:
-    """The one host sync of the contract; False while ``torch.compile`` traces (the check is skipped)."""
+    """Whether any slice is flagged (a host sync); False while ``torch.compile`` traces (the check is skipped)."""
     if flags is None or torch.compiler.is_compiling():
         return False
     return bool(flags.any())
+
+
+class StagedFlags:
+    """Non-finite flags (B, H) bool on their device and a copy on the host, staged as soon as the flags exist.
+
+    :meth:`any` waits for the work that produced the flags (a CUDA event recorded right after their copy), not for
+    what the stream queued after them: the Triton backend stages its pre-pass's flags before it launches the attention
+    kernel, so the call's one host sync returns while that kernel runs, and the host queues the next work meanwhile.
+    """
+
+    def __init__(self, flags: Optional[torch.Tensor]):
+        self.flags = flags
+        self._host = self._ready = None
+        if flags is not None and flags.is_cuda and not torch.compiler.is_compiling():
+            self._host = torch.empty(flags.shape, dtype=flags.dtype, pin_memory=True)
+            self._host.copy_(flags, non_blocking=True)
+            self._ready = torch.cuda.Event()
+            self._ready.record()
+
+    def any(self) -> bool:
+        """Whether any slice is flagged (waits for the flags only); False without flags or while tracing."""
+        if self._ready is None:
+            return any_flagged(self.flags)
+        self._ready.synchronize()
+        return bool(self._host.any())
 
 
 def count_nonfinite(q, k, v, flags: torch.Tensor, kv_lens: Optional[torch.Tensor]) -> Dict[str, int]:

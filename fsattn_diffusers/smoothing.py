@@ -18,19 +18,32 @@ from .formats import round_to_bf16
 from .operands import LOG2E
 
 
-#: :func:`token_mean` sums the tokens in at most this many chunks (torch's float32 reduction of a BF16 tensor makes a
-#: float32 copy of its input: chunking bounds that copy to 1/8 of the input's own size).
+#: :func:`token_mean` sums the tokens in at most this many chunks (a float64 copy of one chunk at a time bounds the
+#: temporary to a quarter of a BF16 input's own size).
 MEAN_CHUNKS = 16
 
 
 def _token_sum(x: torch.Tensor) -> torch.Tensor:
-    """Float32 sum over dim 2 of ``x`` (B, H, S, D), in chunks of tokens: (B, H, 1, D)."""
+    """Float64 sum over dim 2 of ``BF16(x)`` (B, H, S, D), in chunks of tokens: (B, H, 1, D)."""
     step = max(1, -(-x.shape[2] // MEAN_CHUNKS))
     total = None
     for s0 in range(0, x.shape[2], step):
-        part = x[:, :, s0:s0 + step].sum(dim=2, keepdim=True, dtype=torch.float32)
+        part = x[:, :, s0:s0 + step]
+        if part.dtype != torch.bfloat16:
+            part = part.to(torch.bfloat16)
+        part = part.to(torch.float64).sum(dim=2, keepdim=True)
         total = part if total is None else total + part
     return total
+
+
+def mean_from_sum(total: torch.Tensor, count) -> torch.Tensor:
+    """``BF16(float32(total / count))`` as float32: the last step of :func:`token_mean` (``total`` float64; ``count``
+    a number or a float64 tensor that broadcasts; a zero count gives 0)."""
+    if isinstance(count, torch.Tensor):
+        mean = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
+    else:
+        mean = total / count if count > 0 else torch.zeros_like(total)
+    return round_to_bf16(mean.to(torch.float32))
 
 
 def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -38,19 +51,21 @@ def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.T
 
     ``valid`` (B, S) bool, optional, a prefix of each batch entry's tokens (keys before ``kv_lens``): only those
     count; an entry without a valid token has mean 0. Any vector subtracted from every key (or query) leaves the
-    attention unchanged in real arithmetic, so the mean needs no particular precision: it is a float32 sum of the
-    input's values (in chunks, :data:`MEAN_CHUNKS`) divided by the count, the same function on every backend, so
-    emulator and kernel subtract the same vector on one device.
+    attention unchanged in real arithmetic, so the mean needs no particular precision; what it needs is to be the same
+    vector wherever it is computed (emulator, kernels' pre-pass; CPU, GPU). It is the float64 sum of the tokens' BF16
+    values, divided by their count in float64, rounded to float32 and then to BF16. A float64 sum of BF16 values is
+    exact, so independent of the summation order, whenever the largest and smallest non-zero magnitudes of a channel
+    lie within 2^(45 - log2 S) of each other (any realistic activation); beyond that the orders differ in the
+    float64 sum's last bit, which moves the BF16 mean only when it sits on a rounding boundary.
+    ``kernels.token_mean`` computes the same values on the GPU in one read, without a host sync.
     """
     if valid is None:
-        mean = _token_sum(x) / x.shape[2]
-    else:
-        counts = valid.sum(dim=1).tolist()
-        parts = [_token_sum(x[i:i + 1, :, :n]) / n if n > 0 else
-                 torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
-                 for i, n in enumerate(counts)]
-        mean = torch.cat(parts, dim=0)
-    return round_to_bf16(mean)
+        return mean_from_sum(_token_sum(x), x.shape[2])
+    counts = valid.sum(dim=1).tolist()
+    parts = [mean_from_sum(_token_sum(x[i:i + 1, :, :n]), n) if n > 0 else
+             torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
+             for i, n in enumerate(counts)]
+    return torch.cat(parts, dim=0)
 
 
 def subtract_mean(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

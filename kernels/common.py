@@ -95,3 +95,12 @@ def load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS: tl.constexp
     cols = tl.arange(0, D)
     ptrs = X + b.to(tl.int64) * sxb + h.to(tl.int64) * sxh + rows[:, None].to(tl.int64) * sxs + cols[None, :] * sxd
     return tl.load(ptrs, mask=rows[:, None] < n, other=0.0), rows, n
+
+
+@triton.jit
+def flag_nonfinite_rows(x, FLAGS, bh):
+    """Set ``FLAGS[bh]`` to 1 when the tile ``x`` (any float dtype) holds a NaN or an inf (rows read as 0 count as
+    finite). ``|x| < inf`` is false exactly for NaN and +-inf, with no false positive for large finite values."""
+    bad = tl.max(tl.max(tl.where(tl.abs(x.to(tl.float32)) < float("inf"), 0, 1), axis=1), axis=0)
+    if bad > 0:
+        tl.atomic_max(FLAGS + bh, 1)

@@ -14,7 +14,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .common import load_slice_rows
+from .common import flag_nonfinite_rows, load_slice_rows
 
 ROWS = 64
 WARPS = 4
@@ -26,11 +26,7 @@ def _flag_nonfinite_kernel(X, sxb, sxh, sxs, sxd, KVL, FLAGS, H, S,
     """Program (s, bh): rows s*BS .. s*BS+BS-1 of slice bh; FLAGS[bh] set to 1 if any element is NaN or inf."""
     bh = tl.program_id(1)
     x, _, _ = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, tl.program_id(0), bh, BS, D, HAS_KVL)
-    x = x.to(tl.float32)
-    # |x| < inf is false exactly for NaN and +-inf (no fast-math identity can fold it away).
-    bad = tl.max(tl.max(tl.where(tl.abs(x) < float("inf"), 0, 1), axis=1), axis=0)
-    if bad > 0:
-        tl.atomic_max(FLAGS + bh, 1)
+    flag_nonfinite_rows(x, FLAGS, bh)
 
 
 def supports(d: int) -> bool:

@@ -10,12 +10,14 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from fsattn_diffusers.exponent import LOG2E
+from fsattn_diffusers.nonfinite import StagedFlags
 from fsattn_diffusers.sm90_numerics import KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2
-from fsattn_diffusers.smoothing import lse_offset, token_mean
+from fsattn_diffusers.smoothing import lse_offset
 
 from .key_term import key_term_operands
 from .plan import KernelPlan, plan_from_key
 from .prepass import INTERPRET, KEY_TILE, padded, prepare_qk, prepare_v
+from .token_mean import token_mean
 
 # Query rows per program and key tile of the attention kernel (the paper uses M = 256, N = 128).
 BLOCK_M = 128
@@ -70,24 +72,23 @@ class KernelOperands(NamedTuple):
     kg: Optional[torch.Tensor] = None
 
 
-def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None
-            ) -> KernelOperands:
-    """All operands for the attention kernel (see kernels.prepass), smoothing included."""
+def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None,
+            flags: Optional[torch.Tensor] = None) -> KernelOperands:
+    """All operands for the attention kernel (see kernels.prepass), smoothing included. ``flags`` (B * H,) int32,
+    optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf are set to 1, as
+    :func:`kernels.nonfinite_flags.flag_nonfinite` flags them, by the pre-pass's own reads."""
     variant = effective_variant(variant, plan)
     nan_pad = variant == GLUON_PINGPONG
-    valid = None
-    if plan.smooth_k and kv_lens is not None:
-        valid = torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None]
-    k_mean = token_mean(k, valid) if plan.smooth_k else None
+    k_mean = token_mean(k, kv_lens) if plan.smooth_k else None
     q_mean = token_mean(q) if plan.smooth_q else None
     # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
-                              q_mean=q_mean, bias_mult=scale * LOG2E)
+                              q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags)
     bias_eff = kx = kg = q_floor = None
     if bias is not None:  # the pre-pass wrote 0 for padded keys
         bias_eff, kx, kg, q_floor = key_term_operands(bias, ke, variant == GLUON_PINGPONG, INTERPRET)
-    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean, floor=q_floor)
-    v8t, vs = prepare_v(v, plan, kv_lens, perm=True)
+    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean, floor=q_floor, flags=flags)
+    v8t, vs = prepare_v(v, plan, kv_lens, perm=True, flags=flags)
     return KernelOperands(q8, qe, k8, ke, v8t, vs, bias_eff, k_mean, kx, kg)
 
 
@@ -152,7 +153,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
     # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
     nkw = -(-(skp // BLOCK_N) // 32) if want_stats else 0
-    flags = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
+    tile_bits = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
     ones_desc = _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N])
     if has_term:  # the chained wgmma's operands: Qx from the table of powers of two, Kx per key
         qx_desc = _fp8_desc(_qx_table(q8.device, WG_ROWS.value), [WG_ROWS.value, KEY_TERM_COLS])
@@ -162,13 +163,13 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
     fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
         _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), ones_desc, qx_desc, kx_desc,
-        qe, ke, vs, ops.kg if has_term else qe, out, lse if lse is not None else stats, stats, flags, nkw,
+        qe, ke, vs, ops.kg if has_term else qe, out, lse if lse is not None else stats, stats, tile_bits, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
         STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=has_term, P_MX=plan.p_mxfp6, num_warps=4)
     if nkw:
-        stats[1] += _popcount(flags).to(torch.int32)
+        stats[1] += _popcount(tile_bits).to(torch.int32)
 
 
 _ONES = {}
@@ -216,10 +217,34 @@ def _lse_shape(q: torch.Tensor, return_lse: bool):
     return (q.shape[0], q.shape[1], q.shape[2]) if return_lse else (0,)
 
 
+def _flags_shape(q: torch.Tensor, detect_nonfinite: bool):
+    return (q.shape[0] * q.shape[1],) if detect_nonfinite else (0,)
+
+
+def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, detect_nonfinite,
+                     on_flags=None):
+    """:func:`fused_attention_op`'s work; ``on_flags(flags)`` (eager calls only) runs between the pre-pass, which
+    wrote the non-finite flags, and the attention kernel's launch."""
+    plan = plan_from_key(plan_key)
+    out = _out_like(q, out_bshd)
+    out_view = out.transpose(1, 2) if out_bshd else out
+    lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)
+    stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
+    flags = torch.zeros(_flags_shape(q, detect_nonfinite), dtype=torch.int32, device=q.device)
+    ops = prepass(q, k, v, plan, scale, kv_lens, flags=flags if detect_nonfinite else None)
+    if on_flags is not None:
+        on_flags(flags)
+    attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
+                            lse if return_lse else None, stats if want_stats else None)
+    if return_lse and ops.k_mean is not None:  # the log-sum-exp of the unsmoothed scores
+        lse += lse_offset(q, ops.k_mean, scale)
+    return out, lse, stats, flags
+
+
 @torch.library.custom_op("fsattn::fused_attention", mutates_args=())
 def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor],
-                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool,
+                       detect_nonfinite: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused-Softmax attention on (B, H, S, D) views.
 
     Returns
@@ -228,24 +253,17 @@ def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len
     lse : (B, H, S_q) float32 natural-log LSE, or an empty (0,) tensor.
     stats : (2,) int32: rows that rolled back, (query tile, key tile) pairs with a rollback (zeros
         unless ``want_stats``).
+    flags : (B * H,) int32, 1 where q, k or v (keys before ``kv_lens``) holds a NaN or an inf, found by the
+        pre-pass's reads (``detect_nonfinite``); else an empty (0,) tensor.
     """
-    plan = plan_from_key(plan_key)
-    out = _out_like(q, out_bshd)
-    out_view = out.transpose(1, 2) if out_bshd else out
-    lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)
-    stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
-    ops = prepass(q, k, v, plan, scale, kv_lens)
-    attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
-                            lse if return_lse else None, stats if want_stats else None)
-    if return_lse and ops.k_mean is not None:  # the log-sum-exp of the unsmoothed scores
-        lse += lse_offset(q, ops.k_mean, scale)
-    return out, lse, stats
+    return _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, detect_nonfinite)
 
 
 @fused_attention_op.register_fake
-def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats):
+def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, detect_nonfinite=False):
     return (_out_like(q, out_bshd), torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device),
-            torch.empty((2,), dtype=torch.int32, device=q.device))
+            torch.empty((2,), dtype=torch.int32, device=q.device),
+            torch.empty(_flags_shape(q, detect_nonfinite), dtype=torch.int32, device=q.device))
 
 
 def visited_tiles(b: int, h: int, s_q: int, s_k: int, kv_lens: Optional[torch.Tensor],
@@ -258,13 +276,25 @@ def visited_tiles(b: int, h: int, s_q: int, s_k: int, kv_lens: Optional[torch.Te
 
 
 def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, return_lse=False,
-                    return_stats=False):
-    """Backend entry: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or None)``."""
+                    return_stats=False, detect_nonfinite=False):
+    """Backend entry: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or None, flags)``.
+
+    ``flags``: with ``detect_nonfinite`` a :class:`fsattn_diffusers.nonfinite.StagedFlags` holding what
+    :func:`fsattn_diffusers.nonfinite.detect` gives, found by the pre-pass's own reads and staged to the host before
+    the attention kernel is launched (an eager call, outside the custom op); else None.
+    """
     out_bshd = q.stride(1) < q.stride(2)  # the caller's q is BSHD: give the output the same layout
     if kv_lens is not None:
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    out, lse, st = fused_attention_op(q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd,
-                                     bool(return_stats))
+    args = (q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd, bool(return_stats))
+    staged = None
+    if detect_nonfinite:
+        def stage(flags):
+            nonlocal staged
+            staged = StagedFlags(flags.view(q.shape[0], q.shape[1]) > 0)
+        out, lse, st, _ = _fused_attention(*args, True, on_flags=stage)
+    else:
+        out, lse, st, _ = fused_attention_op(*args, False)
     out = out.transpose(1, 2) if out_bshd else out
     stats = None
     if return_stats:
@@ -272,7 +302,7 @@ def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, re
         tiles = visited_tiles(q.shape[0], q.shape[1], q.shape[2], k.shape[2], kv_lens)
         stats = {"rollbacks": rows, "tiles": tiles, "rollback_tiles": tiles_rb,
                  "rollback_rate": tiles_rb / max(1, tiles)}
-    return out, (lse if return_lse else None), stats
+    return out, (lse if return_lse else None), stats, staged
 
 
 __all__ = ["fused_attention", "fused_attention_op", "prepass", "attention_from_operands", "padded"]

@@ -24,7 +24,7 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import load_slice_rows, pow2, round_bf16, round_elem, shared_exp
+from .common import flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_elem, shared_exp
 from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
@@ -53,7 +53,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL,
                        HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1, MEAN=None, HAS_MEAN: tl.constexpr = False,
                        QMEAN=None, BIAS=None, bias_mult=1.0, HAS_BIAS: tl.constexpr = False, QFLOOR=None,
-                       HAS_QFLOOR: tl.constexpr = False):
+                       HAS_QFLOOR: tl.constexpr = False, FLAGS=None, HAS_FLAGS: tl.constexpr = False):
     """Persistent: program ``p`` of ``P`` quantizes the (row tile, batch x head) pairs ``t = p, p + P, ...`` of the
     ``N_TILES`` (row tiles fastest), loading the Hadamard matrix once."""
     cols = tl.arange(0, D)
@@ -63,7 +63,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     for t in tl.range(tl.program_id(0), N_TILES, tl.num_programs(0), num_stages=STAGES):
         _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm if HAD else cols, H, S, SP, rsqrt_d, mult, t % n_s, t // n_s,
                  D, BS, HAD, ROUND_TWICE, RULE, T0, MBITS, EMIN, MAXV, EMAX, TILE_REF, DOT_F32, NAN_PAD, HAS_KVL, KVL,
-                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS, QFLOOR, HAS_QFLOOR)
+                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS, QFLOOR, HAS_QFLOOR, FLAGS, HAS_FLAGS)
 
 
 @triton.jit
@@ -73,15 +73,18 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
              MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
              DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr,
              MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr, QFLOOR,
-             HAS_QFLOOR: tl.constexpr):
+             HAS_QFLOOR: tl.constexpr, FLAGS, HAS_FLAGS: tl.constexpr):
     """One BS-row tile of one (batch, head): BF16 rounding, smoothing (``HAS_MEAN``: minus the token mean MEAN
     (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
     quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
     term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows. ``HAS_QFLOOR``
     (Q, one exponent per tile): the tile exponent is at least QFLOOR[bh] (sm90_numerics difference 9; an all-zero
-    tile takes it)."""
+    tile takes it). ``HAS_FLAGS``: FLAGS[bh] set to 1 when the tile's input holds a NaN or an inf
+    (kernels.nonfinite_flags' contract, keys past kv_lens left out)."""
     # K with kv_lens: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent.
     x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
+    if HAS_FLAGS:
+        flag_nonfinite_rows(x, FLAGS, bh)
     cols = tl.arange(0, D)
     if X.dtype.element_ty == tl.bfloat16:  # already on the BF16 grid
         x = x.to(tl.float32)
@@ -147,9 +150,12 @@ def _bf16_value(x, HW_CVT: tl.constexpr):
 
 @triton.jit
 def _v_amax_kernel(V, svb, svh, svs, svd, KVL, AMAX, H, S,
-                   D: tl.constexpr, BS: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_KVL: tl.constexpr):
+                   D: tl.constexpr, BS: tl.constexpr, PER_CHANNEL: tl.constexpr, HAS_KVL: tl.constexpr,
+                   FLAGS=None, HAS_FLAGS: tl.constexpr = False):
     bh = tl.program_id(1)
     v, _, _ = load_slice_rows(V, svb, svh, svs, svd, KVL, H, S, tl.program_id(0), bh, BS, D, HAS_KVL)
+    if HAS_FLAGS:
+        flag_nonfinite_rows(v, FLAGS, bh)
     x = tl.abs(round_bf16(v.to(tl.float32)))
     cols = tl.arange(0, D)
     if PER_CHANNEL:
@@ -211,7 +217,7 @@ def padded(n: int, tile: int) -> int:
 
 
 def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool, kv_lens=None,
-               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0, floor=None):
+               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0, floor=None, flags=None):
     """Q (``tile_ref=False``, per-row exponents) or K (``tile_ref=True``, one exponent per 128 keys).
 
     Parameters
@@ -232,6 +238,8 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     ``q_mean`` (B, H, 1, D), optional (K only): also return the per-key bias ``bias_mult * (q_mean . k)`` of Q
     smoothing, (B, H, SP) float32, as a third output (``None`` without ``q_mean``).
     ``floor`` (B, H) int32, optional (``tile_ref``): the smallest tile exponent (sm90_numerics difference 9).
+    ``flags`` (B * H,) int32, optional: set to 1 for the slices whose input (rows before ``kv_lens``) holds a NaN or
+    an inf, as :func:`kernels.nonfinite_flags.flag_nonfinite` flags them (never cleared).
     """
     if floor is not None and not tile_ref:
         raise ValueError("prepare_qk: floor (the smallest tile exponent) needs tile_ref=True; accepted: floor=None "
@@ -255,7 +263,7 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         MEAN=mean_arg, HAS_MEAN=mean is not None, QMEAN=qm_arg, BIAS=bias if bias is not None else exps,
         bias_mult=float(bias_mult), HAS_BIAS=q_mean is not None,
         QFLOOR=floor.to(torch.int32).contiguous() if floor is not None else exps, HAS_QFLOOR=floor is not None,
-        num_warps=QK_WARPS)
+        FLAGS=flags if flags is not None else exps, HAS_FLAGS=flags is not None, num_warps=QK_WARPS)
     return out, exps, bias
 
 
@@ -274,7 +282,7 @@ def _sm_count(device) -> int:
     return torch.cuda.get_device_properties(device).multi_processor_count
 
 
-def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = False):
+def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = False, flags=None):
     """V to the PV GEMM's B operand.
 
     Parameters
@@ -287,6 +295,8 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
         attention kernels' P column order) the keys of every aligned group of 16 are stored in the order of the FP8
         wgmma A fragment (key c at position c0 + 2 c3 + 4 c1 + 8 c2, bits of c mod 16).
     vs : Tensor (B, H, D) float32, per-channel factor: V = v8t^T * vs.
+
+    ``flags`` (B * H,) int32, optional: as :func:`prepare_qk`'s.
     """
     b, h, s, d = v.shape
     sp = padded(s, KEY_TILE)
@@ -295,7 +305,8 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
     kvl = kv_lens if has_kvl else amax
     grid = (sp // KEY_TILE, b * h)
     _v_amax_kernel[grid](v, *v.stride(), kvl, amax, h, s, D=d, BS=KEY_TILE, PER_CHANNEL=plan.v_mx,
-                         HAS_KVL=has_kvl, num_warps=V_WARPS)
+                         HAS_KVL=has_kvl, FLAGS=flags if flags is not None else amax, HAS_FLAGS=flags is not None,
+                         num_warps=V_WARPS)
     out = torch.empty((b, h, d, sp), dtype=torch.float8_e4m3fn, device=v.device)
     vs = torch.empty((b, h, d), dtype=torch.float32, device=v.device)
     mbits, emin, maxv, emax = ELEM[plan.v_fmt]

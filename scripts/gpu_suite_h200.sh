@@ -3,8 +3,8 @@
 # cuDNN/flash and, with the fa3-fwd wheel carried in .whl, FA3 bf16/FP8, in one process) at the paper, Wan2.1, Wan2.2 and HunyuanVideo shapes.
 #   OUT=$OUT bash scripts/gpu_suite_h200.sh [tests|fuzz|bench|power|all ...] [-- flags for the one part's command]
 # Parts (about):
-#   tests  tests/test_kernel_gpu.py and tests/test_kernel_key_term_gpu.py (TEST_FILES overrides the list; -s: one
-#          line per case) -> gpu_tests_h200.txt, ~3 min. The CPU tests are CI's
+#   tests  tests/test_kernel_gpu.py, tests/test_kernel_key_term_gpu.py and tests/test_kernel_prepass_gpu.py
+#          (TEST_FILES overrides the list; -s: one line per case) -> gpu_tests_h200.txt, ~4 min. The CPU tests are CI's
 #          (.ci/run); the device lacks the package's CPU-side dependencies (imageio, ...), so they are not run here.
 #   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
 #          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-7 s, mostly Triton compiling the
@@ -129,7 +129,7 @@ torch.cuda.synchronize()' || return $?
 for part in "${PARTS[@]}"; do
   case $part in
     tests)
-      read -ra files <<< "${TEST_FILES:-tests/test_kernel_gpu.py tests/test_kernel_key_term_gpu.py}"
+      read -ra files <<< "${TEST_FILES:-tests/test_kernel_gpu.py tests/test_kernel_key_term_gpu.py tests/test_kernel_prepass_gpu.py}"
       run_logged gpu_tests_h200.txt timeout "${LIMIT:-360}" python3 -m pytest -q -s "${files[@]}" "${EXTRA[@]}" ;;
     fuzz)
       if [[ -n ${FSATTN_FUZZ_SLICE:-} ]]; then

@@ -46,7 +46,7 @@ def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
     if variant == "api":
         if DEV == "cuda":
             torch.full((64 << 20,), float("nan"), device=DEV)  # freed at once: torch.empty hands back NaN
-        o, l, _ = fused_attention(q, k, v, plan, scale=scale, kv_lens=kv, return_lse=True)
+        o, l, _, _ = fused_attention(q, k, v, plan, scale=scale, kv_lens=kv, return_lse=True)
         out.copy_(o)
         lse.copy_(l)
         return

@@ -120,11 +120,11 @@ def _reference_under_score_noise(monkeypatch, recipe_name, rel_noise, seed=0):
 
 @pytest.mark.parametrize("recipe_name", ["mxfp8", "mxfp8+exponential=rowmax_h15"])
 def test_lse_bounds_cover_a_different_summation_order(monkeypatch, recipe_name):
-    # Why Rowmax-H15 has its own bounds: its weights are a step function of the score, so scores 6e-5 apart move its
+    # Why Rowmax-H15 has its own bounds: its weights are a step function of the score, so scores 2e-4 apart move its
     # LSE past Schraudolph's bound (one E4M3 step of P), never past one H15 step (1.5x).
     rel_max, lse_max = reference_bounds(recipe_name)
     o0, l0 = _reference_under_score_noise(monkeypatch, recipe_name, 0.0)
-    o1, l1 = _reference_under_score_noise(monkeypatch, recipe_name, 6e-5)
+    o1, l1 = _reference_under_score_noise(monkeypatch, recipe_name, 2e-4)
     lse_moved = float((l1 - l0).abs().max())
     out_moved = float((o1.double() - o0.double()).norm() / o0.double().norm())
     print(f"{recipe_name}: LSE moved {lse_moved:.3f} (bound {lse_max:.3f}), out moved {out_moved:.2e} (bound {rel_max})")

@@ -4,6 +4,8 @@ A backend is a function ``fn(q, k, v, recipe, *, scale, kv_lens, return_lse, ret
 (B, H, S, D) views (any strides) and returning ``(out (B, H, S_q, D) in q's dtype, lse or None,
 stats or None)``. Each backend also says whether it is usable here (``available() -> str | None``,
 the reason when not) and whether it can take one particular call (``unsupported(...) -> str | None``).
+A backend that finds non-finite inputs as a by-product of its own reads says so (``detects_nonfinite``): its ``fn``
+then also takes ``detect_nonfinite`` and returns the flags as a fourth value.
 """
 
 from __future__ import annotations
@@ -52,8 +54,13 @@ def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
     return nonfinite.detect(q, k, v, kv_lens)
 
 
-def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
-    """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning."""
+def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False):
+    """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning.
+
+    Returns ``(out, lse, stats, flags)``: ``flags`` a :class:`~fsattn_diffusers.nonfinite.StagedFlags` of the
+    (B, H) non-finite flags when ``detect_nonfinite`` and the backend that ran finds them itself
+    (``Backend.detects_nonfinite``), else None (the caller detects).
+    """
     backends = registered()
     if name == "auto":
         candidates = [n for n in AUTO_ORDER if n in backends]
@@ -78,6 +85,9 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
                       f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
         if be.slow:
             warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
-        return be.fn(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
-                     return_stats=return_stats)
+        if be.detects_nonfinite:
+            return be.fn(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
+                         return_stats=return_stats, detect_nonfinite=detect_nonfinite)
+        return (*be.fn(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
+                       return_stats=return_stats), None)
     raise RuntimeError(f"no fsattn backend can run this call ({'; '.join(reasons)})")

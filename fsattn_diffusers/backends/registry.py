@@ -15,6 +15,10 @@ class Backend:
     available: Callable[[torch.device], Optional[str]]
     unsupported: Callable[..., Optional[str]]
     slow: bool = False
+    #: ``fn`` also takes ``detect_nonfinite`` (bool) and returns a fourth value: with it, the (B, H) flags of
+    #: :func:`fsattn_diffusers.nonfinite.detect` found by its own reads of q, k, v, as a
+    #: :class:`~fsattn_diffusers.nonfinite.StagedFlags` (else None), so that the call needs no detection pass.
+    detects_nonfinite: bool = False
     #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
     #: ``torch.compile`` traces (the probes themselves import modules and query the device).
     _seen: Dict[tuple, Optional[str]] = field(default_factory=dict, repr=False, compare=False)

@@ -1,0 +1,94 @@
+"""K's (and Q's) token mean on the GPU for the pre-pass: :func:`fsattn_diffusers.smoothing.token_mean`'s values from
+one read of the input, ``kv_lens`` read on the device (no host sync), two launches.
+
+``smoothing.token_mean`` defines the mean as the float64 sum of the tokens' BF16 values over their count, rounded to
+float32 and then to BF16; a float64 sum of BF16 values is exact for any realistic activation, so the order in which
+these kernels add (per chunk of tokens, then over the chunks) gives the same bits as PyTorch's.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+import triton
+import triton.language as tl
+
+from .common import load_slice_rows, round_bf16
+
+# Tokens per program of the partial sums (32 programs per (batch, head) at S = 32768), rows per load.
+CHUNK = 1024
+ROWS = 64
+WARPS = 4
+# Chunks the finishing kernel adds per step.
+FINISH_CHUNKS = 16
+
+
+@triton.jit
+def _token_sum_kernel(X, sxb, sxh, sxs, sxd, KVL, PART, H, S, N_CHUNKS,
+                      D: tl.constexpr, CHUNK: tl.constexpr, BS: tl.constexpr, HAS_KVL: tl.constexpr):
+    """Program (c, bh): float64 sum of the BF16 values of tokens ``c * CHUNK`` .. ``+ CHUNK - 1`` of slice ``bh`` (rows
+    at or past S or ``kv_lens[b]`` read as 0) into ``PART[bh, c, :]``."""
+    c = tl.program_id(0)
+    bh = tl.program_id(1)
+    acc = tl.zeros((D,), tl.float64)
+    for i in tl.static_range(CHUNK // BS):
+        x, _, _ = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, c * (CHUNK // BS) + i, bh, BS, D, HAS_KVL)
+        if X.dtype.element_ty == tl.bfloat16:
+            x = x.to(tl.float32)
+        else:  # nearest-even BF16 by bit arithmetic (the same on the GPU and in the interpreter)
+            x = round_bf16(x.to(tl.float32))
+        acc += tl.sum(x.to(tl.float64), axis=0)
+    tl.store(PART + (bh.to(tl.int64) * N_CHUNKS + c) * D + tl.arange(0, D), acc)
+
+
+@triton.jit
+def _token_mean_finish_kernel(PART, KVL, MEAN, H, S, N_CHUNKS, D: tl.constexpr, FC: tl.constexpr,
+                              HAS_KVL: tl.constexpr):
+    """Program bh: ``MEAN[bh, :] = BF16(float32(sum of PART[bh, :, :] / n))``, n = S or ``min(kv_lens[b], S)``; 0
+    when n = 0 (smoothing.mean_from_sum)."""
+    bh = tl.program_id(0)
+    n = S
+    if HAS_KVL:
+        n = tl.minimum(tl.load(KVL + bh // H).to(tl.int32), S)
+    cols = tl.arange(0, D)
+    total = tl.zeros((D,), tl.float64)
+    for c0 in range(0, N_CHUNKS, FC):
+        chunk = c0 + tl.arange(0, FC)
+        part = tl.load(PART + (bh.to(tl.int64) * N_CHUNKS + chunk[:, None]) * D + cols[None, :],
+                       mask=chunk[:, None] < N_CHUNKS, other=0.0)
+        total += tl.sum(part, axis=0)
+    mean = (total / tl.maximum(n, 1).to(tl.float64)).to(tl.float32)
+    mean = tl.where(n > 0, round_bf16(mean), 0.0)
+    tl.store(MEAN + bh * D + cols, mean)
+
+
+def token_mean(x: torch.Tensor, kv_lens: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """Mean over the tokens of ``x``, as :func:`fsattn_diffusers.smoothing.token_mean` gives it.
+
+    Parameters
+    ----------
+    x : Tensor (B, H, S, D), any strides, fp16/bf16/fp32, CUDA (or CPU under TRITON_INTERPRET=1); never modified.
+        D a power of two >= 16.
+    kv_lens : int tensor (B,), optional: only tokens before ``kv_lens[b]`` count (smoothing's ``valid`` prefix).
+
+    Returns
+    -------
+    Tensor (B, H, 1, D) float32, BF16 values.
+    """
+    b, h, s, d = x.shape
+    if d < 16 or d & (d - 1):
+        raise ValueError(f"token_mean kernel: head dim {d}; accepted: powers of two >= 16")
+    n_chunks = max(1, triton.cdiv(s, CHUNK))
+    part = torch.empty((b * h, n_chunks, d), dtype=torch.float64, device=x.device)
+    mean = torch.empty((b, h, 1, d), dtype=torch.float32, device=x.device)
+    has_kvl = kv_lens is not None
+    kvl = kv_lens.to(device=x.device, dtype=torch.int32) if has_kvl else mean
+    _token_sum_kernel[(n_chunks, b * h)](x, *x.stride(), kvl, part, h, s, n_chunks, D=d, CHUNK=CHUNK, BS=ROWS,
+                                         HAS_KVL=has_kvl, num_warps=WARPS)
+    _token_mean_finish_kernel[(b * h,)](part, kvl, mean, h, s, n_chunks, D=d, FC=FINISH_CHUNKS, HAS_KVL=has_kvl,
+                                        num_warps=WARPS)
+    return mean
+
+
+__all__ = ["token_mean"]

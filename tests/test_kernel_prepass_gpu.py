@@ -1,0 +1,185 @@
+"""What the pre-pass finds besides the operands, on a CUDA GPU (sm_90+) or under Triton's interpreter
+(``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1``): K's (and Q's) token mean (``kernels.token_mean``, bit-identical to
+``smoothing.token_mean``) and the per-(batch, head) non-finite flags (equal to ``nonfinite.detect``'s), and the public
+call's repair of the slices they flag. Every test prints its numbers before asserting."""
+
+import math
+import warnings
+
+import pytest
+import torch
+
+from kernel_device import DEV, skip_module_without_sm90  # noqa: E402
+
+skip_module_without_sm90()
+pytest.importorskip("triton")
+
+import fsattn_diffusers as fa  # noqa: E402
+from fsattn_diffusers import nonfinite  # noqa: E402
+from fsattn_diffusers.recipe import get_recipe  # noqa: E402
+from fsattn_diffusers.smoothing import token_mean as reference_token_mean  # noqa: E402
+from fsattn_diffusers.testing import exact_attention  # noqa: E402
+
+from fsattn_diffusers.kernels.ops import prepass  # noqa: E402
+from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
+from fsattn_diffusers.kernels.token_mean import CHUNK, token_mean  # noqa: E402
+
+pytestmark = pytest.mark.gpu
+
+
+def make(b, h, s_q, s_k, d, layout, seed=0, dtype=torch.bfloat16):
+    g = torch.Generator().manual_seed(seed)
+    shapes = [(b, s, h, d) if layout == "bshd" else (b, h, s, d) for s in (s_q, s_k, s_k)]
+    q, k, v = (torch.randn(sh, generator=g).to(dtype).to(DEV) for sh in shapes)
+    if layout == "bshd":
+        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
+    return q, k, v
+
+
+def _structured(x, kind, g):
+    """Offsets shared by the tokens, channel outliers, tiny values beside large ones."""
+    d = x.shape[-1]
+    if kind == "offset":
+        return x + 3.0
+    if kind == "outliers":
+        return x * torch.where(torch.rand(d, generator=g) < 0.1, 100.0, 1.0)
+    if kind == "mixed_magnitudes":
+        return x * torch.exp2(torch.randint(-30, 10, x.shape, generator=g).float())
+    return x
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("kind", ["gaussian", "offset", "outliers", "mixed_magnitudes"])
+def test_token_mean_kernel_is_bit_identical_to_the_pytorch_mean(dtype, kind):
+    g = torch.Generator().manual_seed(3)
+    b, h, s, d = 3, 2, 2 * CHUNK + 77, 64  # three chunks, the last one partial
+    x = _structured(torch.randn(b, h, s, d, generator=g), kind, g).to(dtype)
+    lens = torch.tensor([s, CHUNK, 0])  # a whole slice, exactly one chunk, no valid token
+    valid = torch.arange(s)[None, :] < lens[:, None]
+    for strided in (False, True):
+        xs = (x.transpose(1, 2).contiguous().transpose(1, 2) if strided else x).to(DEV)
+        for kv in (None, lens):
+            got = token_mean(xs, None if kv is None else kv.to(DEV)).cpu()
+            want = reference_token_mean(x, None if kv is None else valid)
+            diff = int((got != want).sum())
+            print(f"{dtype} {kind} strided={strided} kv_lens={None if kv is None else kv.tolist()}: {diff} of "
+                  f"{want.numel()} means differ; max |mean| {float(want.abs().max()):.3g}")
+            assert diff == 0
+    assert not torch.equal(x.cpu(), torch.zeros_like(x.cpu()))  # the input is what it was (no in-place change)
+
+
+def test_token_mean_kernel_leaves_its_input_alone_and_ignores_garbage_past_kv_lens():
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 3, 300, 128, generator=g).bfloat16()
+    lens = torch.tensor([300, 120])
+    noisy = x.clone()
+    noisy[1, :, 120:] = float("nan")  # padded keys: never read
+    before = noisy.clone()
+    got = token_mean(noisy.to(DEV), lens.to(DEV)).cpu()
+    want = token_mean(x.to(DEV), lens.to(DEV)).cpu()
+    print("max |mean(garbage-padded) - mean(clean)|:", float((got - want).abs().max()))
+    assert torch.equal(got, want) and torch.isfinite(got).all()
+    assert torch.equal(noisy.view(torch.int16), before.view(torch.int16))
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4", "mxfp8+smooth_q", "mxfp8-paper"])
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
+def test_prepass_flags_equal_the_pytorch_detector_and_leave_the_operands_alone(recipe, dtype):
+    q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, "bshd", seed=5))
+    clean = [t.clone() for t in (q, k, v)]
+    q[0, 1, 69, 63] = float("nan")  # the last row and column of a slice
+    k[1, 2, 0, 0] = float("inf")
+    v[2, 3, 150, 7] = float("-inf")  # past kv_lens[2] = 100 below: ignored there
+    k[2, 0, 199, 5] = float("nan")  # likewise
+    if dtype == torch.float32:
+        v[1, 0, 3, 3] = 3e38  # large but finite (and above BF16's largest value): never flagged
+    before = [t.clone() for t in (q, k, v)]
+    plan = plan_for(get_recipe(recipe))
+    lens = torch.tensor([200, 1, 100], dtype=torch.int32, device=DEV)
+    scale = 64 ** -0.5
+    for kv in (None, lens):
+        flags = torch.zeros((12,), dtype=torch.int32, device=DEV)
+        prepass(q, k, v, plan, scale, kv, flags=flags)
+        want = nonfinite.detect(q, k, v, kv)
+        got = flags.view(3, 4) > 0
+        print(f"{recipe} {dtype} kv_lens={None if kv is None else kv.tolist()}: pre-pass {got.nonzero().tolist()} "
+              f"pytorch {want.nonzero().tolist()}")
+        assert torch.equal(got, want)
+    assert (flags.view(3, 4) > 0).nonzero().tolist() == [[0, 1], [1, 2]]
+    for a, b_ in zip((q, k, v), before):
+        assert torch.equal(a.contiguous().view(torch.uint8), b_.contiguous().view(torch.uint8)), "inputs changed"
+    # the flags ride along: the operands of finite inputs are the same with and without them
+    with_flags = prepass(*clean, plan, scale, lens, flags=torch.zeros((12,), dtype=torch.int32, device=DEV))
+    without = prepass(*clean, plan, scale, lens)
+    for name, a, b_ in zip(with_flags._fields, with_flags, without):
+        if isinstance(a, torch.Tensor):
+            assert torch.equal(a.view(torch.uint8) if a.dtype == torch.float8_e4m3fn else a,
+                               b_.view(torch.uint8) if b_.dtype == torch.float8_e4m3fn else b_), name
+
+
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+@pytest.mark.parametrize("layout", ["bhsd", "bshd"])
+def test_nonfinite_flags_kernel_matches_the_pytorch_detector(dtype, layout):
+    from fsattn_diffusers import nonfinite
+    from fsattn_diffusers.backends import detect_nonfinite
+    from fsattn_diffusers.kernels.nonfinite_flags import flag_nonfinite
+
+    q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, layout, seed=5))
+    q[0, 1, 69, 63] = float("nan")  # the last row and column of a slice
+    k[1, 2, 0, 0] = float("inf")
+    v[2, 3, 150, 7] = float("-inf")  # past kv_lens[2] = 100 below: ignored there
+    k[2, 0, 199, 5] = float("nan")  # likewise
+    if dtype == torch.float32:
+        v[1, 0, 3, 3] = 3e38  # large but finite: never flagged
+    before = [t.clone() for t in (q, k, v)]
+    lens = torch.tensor([200, 1, 100], dtype=torch.int32, device=DEV)
+    for kv in (None, lens):
+        got = flag_nonfinite(q, k, v, kv)
+        want = nonfinite.detect(q, k, v, kv)
+        print(f"{dtype} {layout} kv_lens={None if kv is None else kv.tolist()}: kernel {got.nonzero().tolist()} "
+              f"pytorch {want.nonzero().tolist()}")
+        assert torch.equal(got, want)
+        assert torch.equal(detect_nonfinite(q, k, v, kv), want)
+    assert flag_nonfinite(q, k, v, lens).nonzero().tolist() == [[0, 1], [1, 2]]
+    for a, b_ in zip((q, k, v), before):
+        assert torch.equal(a.view(torch.uint8) if a.is_contiguous() else a.contiguous().view(torch.uint8),
+                           b_.contiguous().view(torch.uint8)), "inputs must not change"
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the public call's Triton backend needs a CUDA device")
+def test_public_call_repairs_a_nonfinite_slice_found_by_the_prepass():
+    q, k, v = make(2, 3, 300, 257, 128, "bshd", seed=9)
+    clean = fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="triton")
+    k_bad = k.clone()
+    k_bad[1, 2, 40, 3] = float("nan")
+    with warnings.catch_warnings():  # the one warning per process may have been given already
+        warnings.simplefilter("ignore", RuntimeWarning)
+        out = fa.attention(q, k_bad, v, "mxfp8", layout="bhsd", backend="triton")
+    others = torch.ones((2, 3), dtype=torch.bool)
+    others[1, 2] = False
+    print("flagged slice NaN rows:", int(torch.isnan(out[1, 2]).any(dim=-1).sum()), "of", out.shape[2])
+    assert torch.equal(out[others], clean[others]), "unflagged slices: the kernel's own result"
+    # Flagged slice: exact float64 softmax attention, where key 40's NaN score reaches every row.
+    ex, _ = exact_attention(q, k_bad, v, 1.0 / math.sqrt(128), None)
+    assert torch.isnan(ex[1, 2]).all() and torch.isnan(out[1, 2]).all(), "flagged slice: exact attention"
+
+
+@pytest.mark.skipif(DEV != "cuda", reason="the public call's Triton backend needs a CUDA device")
+def test_public_call_ignores_garbage_past_kv_lens_and_strict_raises_before_any_work():
+    q, k, v = make(2, 2, 200, 300, 64, "bhsd", seed=11)
+    lens = [300, 150]
+    clean = fa.attention(q, k, v, "mxfp8", layout="bhsd", kv_lens=lens, backend="triton")
+    k_pad, v_pad = k.clone(), v.clone()
+    k_pad[1, :, 150:] = float("nan")
+    v_pad[1, :, 150:] = float("inf")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)  # no warning: nothing past kv_lens is read
+        out = fa.attention(q, k_pad, v_pad, "mxfp8", layout="bhsd", kv_lens=lens, backend="triton")
+    print("max |out(garbage past kv_lens) - out(clean)|:", float((out.float() - clean.float()).abs().max()))
+    assert torch.equal(out, clean)
+    q_bad = q.clone()
+    q_bad[0, 1, 5, 0] = float("inf")
+    with pytest.raises(ValueError, match="non-finite") as err:
+        fa.attention(q_bad, k, v, "mxfp8", layout="bhsd", backend="triton", strict=True)
+    print("strict:", err.value)
+    assert "\n" not in str(err.value)
