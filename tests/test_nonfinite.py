@@ -164,3 +164,46 @@ def test_shared_exact_reference_keeps_a_nan_score_nan():
     assert torch.isfinite(out[1]).all() and torch.isfinite(out[0, 0]).all()
     empty, lse_empty = exact_attention(q, k, v, None, torch.tensor([0, 299]))
     assert torch.equal(empty[0], torch.zeros_like(empty[0])) and bool((lse_empty[0] == float("-inf")).all())
+
+
+def test_staged_flags_answer_as_the_flags_do():
+    flags = torch.zeros((2, 3), dtype=torch.bool)
+    assert nonfinite.StagedFlags(flags).any() is False
+    assert nonfinite.StagedFlags(None).any() is False  # nothing detected (a traced call)
+    flags[1, 2] = True
+    staged = nonfinite.StagedFlags(flags)
+    print("staged flags:", staged.flags.nonzero().tolist(), "any:", staged.any())
+    assert staged.any() is True and staged.flags is flags
+
+
+def test_a_backend_that_detects_hands_its_flags_to_the_repair(monkeypatch):
+    """A backend with ``detects_nonfinite`` is asked to detect and its flags drive the repair; the separate
+    detection pass does not run."""
+    from fsattn_diffusers import api
+    from fsattn_diffusers.backends import registry
+    from fsattn_diffusers.emulator import emulate_attention
+
+    calls = []
+
+    def fn(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False):
+        calls.append(detect_nonfinite)
+        out, lse, stats = emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse)
+        flags = nonfinite.detect(q, k, v, kv_lens) if detect_nonfinite else None
+        return out, lse, None, nonfinite.StagedFlags(flags) if detect_nonfinite else None
+
+    registry.register_backend(registry.Backend("detecting", fn, lambda d: None, lambda *a, **kw: None,
+                                               detects_nonfinite=True))
+    monkeypatch.setattr(api, "detect_nonfinite", lambda *a: pytest.fail("the separate detection pass ran"))
+    try:
+        g = torch.Generator().manual_seed(0)
+        q, k, v = (torch.randn(1, 2, 64, 32, generator=g) for _ in range(3))
+        q[0, 1, 5, 0] = float("nan")
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)
+            out = fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="detecting")
+    finally:
+        registry.unregister_backend("detecting")
+    nan_rows = torch.isnan(out).any(dim=-1)
+    print("backend asked to detect:", calls, "NaN rows per head:", nan_rows.sum(dim=-1).tolist())
+    assert calls == [True]
+    assert nan_rows[0, 1].nonzero().flatten().tolist() == [5] and not nan_rows[0, 0].any()
