@@ -174,7 +174,7 @@ def attention(
             staged = staged if staged is not None else nonfinite.StagedFlags(detect_nonfinite(q, k, v, lens))
             flags = staged.flags
             flagged = staged.any()
-        if nonfinite.any_flagged(flags) if flagged is None else flagged:
+        if flagged:  # strict or detected above; None only while torch.compile traces (the check is skipped)
             out, lse, stats = nonfinite.repair(flags, q, k, v, out, lse, stats, recipe, scale=scale, kv_lens=lens,
                                                strict=strict, rerun=lambda *t: run(*t)[:3])
         if grad:  # forward as usual; a backward through the result raises the one-line refusal

@@ -36,14 +36,9 @@ def _token_sum(x: torch.Tensor) -> torch.Tensor:
     return total
 
 
-def mean_from_sum(total: torch.Tensor, count) -> torch.Tensor:
-    """``BF16(float32(total / count))`` as float32: the last step of :func:`token_mean` (``total`` float64; ``count``
-    a number or a float64 tensor that broadcasts; a zero count gives 0)."""
-    if isinstance(count, torch.Tensor):
-        mean = torch.where(count > 0, total / count.clamp(min=1), torch.zeros_like(total))
-    else:
-        mean = total / count if count > 0 else torch.zeros_like(total)
-    return round_to_bf16(mean.to(torch.float32))
+def _mean_from_sum(total: torch.Tensor, count: int) -> torch.Tensor:
+    """``BF16(float32(total / count))`` as float32, ``total`` float64: the last step of :func:`token_mean`."""
+    return round_to_bf16((total / count).to(torch.float32))
 
 
 def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -60,9 +55,9 @@ def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.T
     ``kernels.token_mean`` computes the same values on the GPU in one read, without a host sync.
     """
     if valid is None:
-        return mean_from_sum(_token_sum(x), x.shape[2])
+        return _mean_from_sum(_token_sum(x), x.shape[2])
     counts = valid.sum(dim=1).tolist()
-    parts = [mean_from_sum(_token_sum(x[i:i + 1, :, :n]), n) if n > 0 else
+    parts = [_mean_from_sum(_token_sum(x[i:i + 1, :, :n]), n) if n > 0 else
              torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
              for i, n in enumerate(counts)]
     return torch.cat(parts, dim=0)

@@ -217,34 +217,29 @@ def _lse_shape(q: torch.Tensor, return_lse: bool):
     return (q.shape[0], q.shape[1], q.shape[2]) if return_lse else (0,)
 
 
-def _flags_shape(q: torch.Tensor, detect_nonfinite: bool):
-    return (q.shape[0] * q.shape[1],) if detect_nonfinite else (0,)
-
-
-def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, detect_nonfinite,
-                     on_flags=None):
-    """:func:`fused_attention_op`'s work; ``on_flags(flags)`` (eager calls only) runs between the pre-pass, which
-    wrote the non-finite flags, and the attention kernel's launch."""
+def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, on_flags=None):
+    """:func:`fused_attention_op`'s work. With ``on_flags`` (eager calls only) the pre-pass also writes the non-finite
+    flags, (B * H,) int32, and ``on_flags(flags)`` runs between it and the attention kernel's launch."""
     plan = plan_from_key(plan_key)
     out = _out_like(q, out_bshd)
     out_view = out.transpose(1, 2) if out_bshd else out
     lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)
     stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
-    flags = torch.zeros(_flags_shape(q, detect_nonfinite), dtype=torch.int32, device=q.device)
-    ops = prepass(q, k, v, plan, scale, kv_lens, flags=flags if detect_nonfinite else None)
+    flags = torch.zeros((q.shape[0] * q.shape[1],), dtype=torch.int32, device=q.device) if on_flags is not None else None
+    ops = prepass(q, k, v, plan, scale, kv_lens, flags=flags)
     if on_flags is not None:
         on_flags(flags)
     attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
                             lse if return_lse else None, stats if want_stats else None)
     if return_lse and ops.k_mean is not None:  # the log-sum-exp of the unsmoothed scores
         lse += lse_offset(q, ops.k_mean, scale)
-    return out, lse, stats, flags
+    return out, lse, stats
 
 
 @torch.library.custom_op("fsattn::fused_attention", mutates_args=())
 def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor],
-                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool,
-                       detect_nonfinite: bool = False) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool
+                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused-Softmax attention on (B, H, S, D) views.
 
     Returns
@@ -253,17 +248,14 @@ def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len
     lse : (B, H, S_q) float32 natural-log LSE, or an empty (0,) tensor.
     stats : (2,) int32: rows that rolled back, (query tile, key tile) pairs with a rollback (zeros
         unless ``want_stats``).
-    flags : (B * H,) int32, 1 where q, k or v (keys before ``kv_lens``) holds a NaN or an inf, found by the
-        pre-pass's reads (``detect_nonfinite``); else an empty (0,) tensor.
     """
-    return _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, detect_nonfinite)
+    return _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats)
 
 
 @fused_attention_op.register_fake
-def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, detect_nonfinite=False):
+def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats):
     return (_out_like(q, out_bshd), torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device),
-            torch.empty((2,), dtype=torch.int32, device=q.device),
-            torch.empty(_flags_shape(q, detect_nonfinite), dtype=torch.int32, device=q.device))
+            torch.empty((2,), dtype=torch.int32, device=q.device))
 
 
 def visited_tiles(b: int, h: int, s_q: int, s_k: int, kv_lens: Optional[torch.Tensor],
@@ -292,9 +284,9 @@ def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, re
         def stage(flags):
             nonlocal staged
             staged = StagedFlags(flags.view(q.shape[0], q.shape[1]) > 0)
-        out, lse, st, _ = _fused_attention(*args, True, on_flags=stage)
+        out, lse, st = _fused_attention(*args, on_flags=stage)
     else:
-        out, lse, st, _ = fused_attention_op(*args, False)
+        out, lse, st = fused_attention_op(*args)
     out = out.transpose(1, 2) if out_bshd else out
     stats = None
     if return_stats:

@@ -46,7 +46,7 @@ def _token_sum_kernel(X, sxb, sxh, sxs, sxd, KVL, PART, H, S, N_CHUNKS,
 def _token_mean_finish_kernel(PART, KVL, MEAN, H, S, N_CHUNKS, D: tl.constexpr, FC: tl.constexpr,
                               HAS_KVL: tl.constexpr):
     """Program bh: ``MEAN[bh, :] = BF16(float32(sum of PART[bh, :, :] / n))``, n = S or ``min(kv_lens[b], S)``; 0
-    when n = 0 (smoothing.mean_from_sum)."""
+    when n = 0 (as smoothing.token_mean)."""
     bh = tl.program_id(0)
     n = S
     if HAS_KVL:

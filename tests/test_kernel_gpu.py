@@ -199,8 +199,7 @@ def test_custom_op_under_torch_compile():
     plan = plan_for(PRESETS["mxfp8"])
 
     def f(q, k, v):
-        out, lse, _, _ = torch.ops.fsattn.fused_attention(q, k, v, None, 0.0883883476, plan.key(), True, False,
-                                                          False, False)
+        out, lse, _ = torch.ops.fsattn.fused_attention(q, k, v, None, 0.0883883476, plan.key(), True, False, False)
         return out.float().sum() + lse.sum()
     eager = f(q, k, v)
     compiled = torch.compile(f, fullgraph=True)(q, k, v)

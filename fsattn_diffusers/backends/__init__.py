@@ -85,9 +85,8 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
                       f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
         if be.slow:
             warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
+        args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats)
         if be.detects_nonfinite:
-            return be.fn(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
-                         return_stats=return_stats, detect_nonfinite=detect_nonfinite)
-        return (*be.fn(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
-                       return_stats=return_stats), None)
+            return be.fn(q, k, v, recipe, **args, detect_nonfinite=detect_nonfinite)
+        return (*be.fn(q, k, v, recipe, **args), None)
     raise RuntimeError(f"no fsattn backend can run this call ({'; '.join(reasons)})")
