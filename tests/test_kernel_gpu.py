@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from kernel_device import CPU_INTERPRET, DEV, skip_module_without_sm90  # noqa: E402
+from kernel_device import CPU_INTERPRET, DEV, make, skip_module_without_sm90  # noqa: E402
 
 skip_module_without_sm90()
 triton = pytest.importorskip("triton")
@@ -51,19 +51,6 @@ CASES = [
     (1, 2, 257, 1000, 128, "bhsd", [777]),
     (3, 2, 130, 129, 128, "bshd", [129, 0, 77]),
 ]
-
-
-def make(b, h, s_q, s_k, d, layout, seed=0, dtype=torch.bfloat16, spiky=False):
-    g = torch.Generator().manual_seed(seed)
-    q, k, v = (torch.randn(b, h, s, d, generator=g) for s in (s_q, s_k, s_k))
-    if spiky:  # a few keys far above the rest force the gate (and the reference) to roll back
-        k[:, :, 3 * s_k // 4] *= 12.0
-        k[:, :, s_k // 2 + 5] *= 8.0
-        q *= 2.0
-    q, k, v = (t.to(dtype).to(DEV) for t in (q, k, v))
-    if layout == "bshd":  # BHSD views of BSHD memory, as diffusers passes them
-        q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
-    return q, k, v
 
 
 def exact(q, k, v, scale, kv_lens):

@@ -9,7 +9,7 @@ import warnings
 import pytest
 import torch
 
-from kernel_device import DEV, skip_module_without_sm90  # noqa: E402
+from kernel_device import DEV, make, skip_module_without_sm90  # noqa: E402
 
 skip_module_without_sm90()
 pytest.importorskip("triton")
@@ -27,13 +27,15 @@ from fsattn_diffusers.kernels.token_mean import CHUNK, token_mean  # noqa: E402
 pytestmark = pytest.mark.gpu
 
 
-def make(b, h, s_q, s_k, d, layout, seed=0, dtype=torch.bfloat16):
-    g = torch.Generator().manual_seed(seed)
-    shapes = [(b, s, h, d) if layout == "bshd" else (b, h, s, d) for s in (s_q, s_k, s_k)]
-    q, k, v = (torch.randn(sh, generator=g).to(dtype).to(DEV) for sh in shapes)
-    if layout == "bshd":
-        q, k, v = (t.transpose(1, 2) for t in (q, k, v))
-    return q, k, v
+def _plant_nonfinite(q, k, v, dtype):
+    """NaN/inf at slice edges and past kv_lens = [200, 1, 100] (q (3, 4, 70, D), k/v (3, 4, 200, D)); with those
+    lengths the flagged slices are (0, 1) and (1, 2). fp32: also a large finite value, which is never flagged."""
+    q[0, 1, 69, 63] = float("nan")  # the last row and column of a slice
+    k[1, 2, 0, 0] = float("inf")
+    v[2, 3, 150, 7] = float("-inf")  # past kv_lens[2] = 100: ignored there
+    k[2, 0, 199, 5] = float("nan")  # likewise
+    if dtype == torch.float32:
+        v[1, 0, 3, 3] = 3e38  # large but finite (BF16's largest is 3.39e38)
 
 
 def _structured(x, kind, g):
@@ -87,12 +89,7 @@ def test_token_mean_kernel_leaves_its_input_alone_and_ignores_garbage_past_kv_le
 def test_prepass_flags_equal_the_pytorch_detector_and_leave_the_operands_alone(recipe, dtype):
     q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, "bshd", seed=5))
     clean = [t.clone() for t in (q, k, v)]
-    q[0, 1, 69, 63] = float("nan")  # the last row and column of a slice
-    k[1, 2, 0, 0] = float("inf")
-    v[2, 3, 150, 7] = float("-inf")  # past kv_lens[2] = 100 below: ignored there
-    k[2, 0, 199, 5] = float("nan")  # likewise
-    if dtype == torch.float32:
-        v[1, 0, 3, 3] = 3e38  # large but finite (and above BF16's largest value): never flagged
+    _plant_nonfinite(q, k, v, dtype)
     before = [t.clone() for t in (q, k, v)]
     plan = plan_for(get_recipe(recipe))
     lens = torch.tensor([200, 1, 100], dtype=torch.int32, device=DEV)
@@ -120,17 +117,11 @@ def test_prepass_flags_equal_the_pytorch_detector_and_leave_the_operands_alone(r
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("layout", ["bhsd", "bshd"])
 def test_nonfinite_flags_kernel_matches_the_pytorch_detector(dtype, layout):
-    from fsattn_diffusers import nonfinite
     from fsattn_diffusers.backends import detect_nonfinite
     from fsattn_diffusers.kernels.nonfinite_flags import flag_nonfinite
 
     q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, layout, seed=5))
-    q[0, 1, 69, 63] = float("nan")  # the last row and column of a slice
-    k[1, 2, 0, 0] = float("inf")
-    v[2, 3, 150, 7] = float("-inf")  # past kv_lens[2] = 100 below: ignored there
-    k[2, 0, 199, 5] = float("nan")  # likewise
-    if dtype == torch.float32:
-        v[1, 0, 3, 3] = 3e38  # large but finite: never flagged
+    _plant_nonfinite(q, k, v, dtype)
     before = [t.clone() for t in (q, k, v)]
     lens = torch.tensor([200, 1, 100], dtype=torch.int32, device=DEV)
     for kv in (None, lens):
