@@ -18,6 +18,8 @@ ROUND_UP_175_ADD = 0x00200000
 # 1.5 * 2^23: adding it to |t| < 2^22 leaves round-half-even(t) in the low mantissa bits (ulp = 1); Stage-A's
 # FMA lands the 16-bit proxy pattern there the same way (Section 4.2).
 RNE_MAGIC = tl.constexpr(12582912.0)
+# 1.5 * 2^22, whose ulp is 0.5: the same for E2M1's quantum below 2 (round_e2m1).
+E2M1_MAGIC = tl.constexpr(6291456.0)
 # How far below the row's highest reference a lowering may take it (both kernels; recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
 FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 # MXFP6 P's Stage-B (both kernels; sm90_numerics.mxfp6_p_scaled_e4m3): E2M3's largest value 7.5 with the block scale
@@ -44,7 +46,7 @@ def pow2(e):
 def shared_exp(amax, RULE: tl.constexpr, EMAX: tl.constexpr, MAXV: tl.constexpr):
     """Unbiased E8M0 exponent (int32, clamped to [-127, 127]) of blocks with absolute maximum ``amax``.
 
-    RULE 0: round_up_175 (E4M3), 1: floor (OCP), 2: ceil (amax / MAXV rounded to fp32 first).
+    RULE 0: round_up_175 (E4M3), 1: floor (OCP), 2: ceil (amax / MAXV rounded to fp32 first; finite amax).
     """
     if RULE == 0:
         bits = amax.to(tl.int32, bitcast=True)
@@ -54,8 +56,15 @@ def shared_exp(amax, RULE: tl.constexpr, EMAX: tl.constexpr, MAXV: tl.constexpr)
         bits = amax.to(tl.int32, bitcast=True)
         s = ((bits >> 23) & 0xFF) - 127 - EMAX
     else:
-        descale = tl.math.div_rn(amax, MAXV).to(tl.int32, bitcast=True)
-        s = (((descale + 0x007FFFFF) & 0x7F800000) >> 23) - 127
+        # ceil(log2(fl(amax / MAXV))) without the division: for MAXV of a short mantissa (7.5, 6 and 448 checked for every
+        # fp32 amax) fl(amax / MAXV) is a power of two only where amax / MAXV is one, so the exponent is amax's minus
+        # MAXV's, plus one where amax's mantissa field exceeds MAXV's; at least -126 (a subnormal quotient), and -127
+        # where the quotient rounds to zero (amax <= MAXV * 2^-150, i.e. bits <= MAXV / 2).
+        bits = amax.to(tl.int32, bitcast=True)
+        mv = tl.full((), MAXV, tl.float32)
+        mb = mv.to(tl.int32, bitcast=True)
+        s = ((bits >> 23) & 0xFF) - ((mb >> 23) & 0xFF) + ((bits & 0x007FFFFF) > (mb & 0x007FFFFF)).to(tl.int32)
+        s = tl.where(bits > (mv * 0.5).to(tl.int32), tl.maximum(s, -126), -127)
     return tl.minimum(tl.maximum(s, -127), 127)
 
 
@@ -70,6 +79,28 @@ def round_elem(y, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
     r = (t + RNE_MAGIC) - RNE_MAGIC
     val = tl.minimum(r * pow2(qexp), MAXV)
     return tl.where(y < 0, -val, val)
+
+
+@triton.jit
+def round_e2m3_scaled(t):
+    """``round_elem(t, 3, 0, 7.5) * 2^-6`` by the hardware E4M3 cast (nearest-even on sm_90; not the interpreter's):
+    E2M3's grid scaled by 2^-6 is E4M3's from its subnormals (0.125 * 2^-6 = 2^-9) to 7.5 * 2^-6, so the cast rounds
+    ``t * 2^-6`` as E2M3 rounds ``t``, and the clamp at ``E2M3_MAX_SCALED`` saturates as E2M3 does. ``|t| < 8``."""
+    r = (t * 0.015625).to(tl.float8e4nv).to(tl.float32)
+    return tl.minimum(tl.maximum(r, -E2M3_MAX_SCALED), E2M3_MAX_SCALED)
+
+
+@triton.jit
+def round_e2m1(t):
+    """``round_elem(t, 1, 0, 6.0)`` (E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6) in fewer instructions, exact in fp32 and in the
+    interpreter: below 2 the quantum is 0.5 (``E2M1_MAGIC``'s ulp), from 2 up one mantissa bit kept nearest-even on
+    the fp32 bits (as ``round_bf16`` keeps seven), then saturation at 6."""
+    at = tl.abs(t)
+    small = (at + E2M1_MAGIC) - E2M1_MAGIC
+    bits = at.to(tl.int32, bitcast=True)
+    big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) & -4194304).to(tl.float32, bitcast=True)
+    r = tl.minimum(tl.where(at < 2.0, small, big), 6.0)
+    return tl.where(t < 0, -r, r)
 
 
 @triton.jit

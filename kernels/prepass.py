@@ -24,7 +24,8 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_elem, shared_exp
+from .common import (flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_e2m1, round_e2m3_scaled, round_elem,
+                     shared_exp)
 from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
@@ -42,6 +43,18 @@ QK_STAGES = 2
 # MXFP4 Q/K (E2M1 elements) takes one stage: 0.193 ms per tensor at (2, 1) against 0.264 at (2, 2) (H200; the
 # same kernel as MXFP6 but for its constants, which went 0.205 -> 0.180 with the second stage).
 QK_STAGES_E2M1 = 1
+# Registers per thread (ptxas ``maxnreg``; None: no cap) of the Q/K pre-pass and of the MX V quantization kernel. 128
+# keeps two 8-warp programs per SM where K with its mean and the non-finite flags took 160-182 registers (offline
+# sm_90a, the runtime's unit-stride specialization; 4-80 spilled bytes at the cap), MX V 220 for MXFP4. H200, paper shape:
+# K 0.309 -> 0.229 ms (mxfp8), 0.298 -> 0.215 (mxfp6), 0.353 -> 0.264 (mxfp4); MXFP4 V 0.592 -> 0.511. The per-tensor V
+# kernel (80 registers) is left uncapped: capped it took 0.200 instead of 0.176 ms
+# (benchmarks/results/prepass_formats_h200.txt).
+QK_MAX_REGS = 128
+V_MAX_REGS = 128
+# MX element rounding by the short forms (_round_elems: E2M3 by the hardware E4M3 cast on a GPU, E2M1 on the fp32 bits)
+# instead of common.round_elem; both give the same values (the E2M3 form keeps a negative zero's sign, as
+# formats.round_to_elem does). H200, paper shape, MXFP6: Q 0.220 -> 0.171 ms, K 0.354 -> 0.298, V 0.520 -> 0.450.
+FAST_ELEM_ROUNDING = True
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
 
@@ -53,7 +66,8 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL,
                        HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1, MEAN=None, HAS_MEAN: tl.constexpr = False,
                        QMEAN=None, BIAS=None, bias_mult=1.0, HAS_BIAS: tl.constexpr = False, QFLOOR=None,
-                       HAS_QFLOOR: tl.constexpr = False, FLAGS=None, HAS_FLAGS: tl.constexpr = False):
+                       HAS_QFLOOR: tl.constexpr = False, FLAGS=None, HAS_FLAGS: tl.constexpr = False,
+                       FAST_ELEM: tl.constexpr = False):
     """Persistent: program ``p`` of ``P`` quantizes the (row tile, batch x head) pairs ``t = p, p + P, ...`` of the
     ``N_TILES`` (row tiles fastest), loading the Hadamard matrix once."""
     cols = tl.arange(0, D)
@@ -63,7 +77,8 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
     for t in tl.range(tl.program_id(0), N_TILES, tl.num_programs(0), num_stages=STAGES):
         _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm if HAD else cols, H, S, SP, rsqrt_d, mult, t % n_s, t // n_s,
                  D, BS, HAD, ROUND_TWICE, RULE, T0, MBITS, EMIN, MAXV, EMAX, TILE_REF, DOT_F32, NAN_PAD, HAS_KVL, KVL,
-                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS, QFLOOR, HAS_QFLOOR, FLAGS, HAS_FLAGS)
+                 HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS, QFLOOR, HAS_QFLOOR, FLAGS, HAS_FLAGS,
+                 FAST_ELEM)
 
 
 @triton.jit
@@ -73,7 +88,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
              MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
              DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr,
              MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr, QFLOOR,
-             HAS_QFLOOR: tl.constexpr, FLAGS, HAS_FLAGS: tl.constexpr):
+             HAS_QFLOOR: tl.constexpr, FLAGS, HAS_FLAGS: tl.constexpr, FAST_ELEM: tl.constexpr):
     """One BS-row tile of one (batch, head): BF16 rounding, smoothing (``HAS_MEAN``: minus the token mean MEAN
     (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
     quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
@@ -109,10 +124,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         y = _bf16_value(x * mult, HW_CVT)
     y3 = tl.reshape(y, (BS, D // 32, 32))
     s = shared_exp(tl.max(tl.abs(y3), axis=2), RULE, EMAX, MAXV)  # (BS, D/32)
-    if HW_CVT and MBITS == 3 and EMIN == -6:  # MXFP8: the element grid is E4M3's, whose cast is nearest-even
-        elem = (y3 * pow2(-s)[:, :, None]).to(tl.float8e4nv).to(tl.float32)
-    else:
-        elem = round_elem(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV)
+    elem, e6 = _round_elems(y3 * pow2(-s)[:, :, None], MBITS, EMIN, MAXV, HW_CVT, FAST_ELEM)
     if TILE_REF:
         ref = tl.max(tl.max(s, axis=1), axis=0)
         if HAS_QFLOOR:
@@ -126,7 +138,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         ref = tl.where(ref <= -127, 0, ref)
         shift = s - ref[:, None] + T0
     # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
-    q8 = tl.reshape(elem * pow2(shift)[:, :, None], (BS, D))
+    q8 = tl.reshape(elem * pow2(shift + e6)[:, :, None], (BS, D))
     if not HW_CVT:  # the CPU interpreter's fp32 -> fp8 cast is not nearest-even: round first there
         q8 = round_elem(q8, 3, -6, 448.0)
     if NAN_PAD:
@@ -137,6 +149,22 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         tl.store(OUTE + bh * (SP // BS) + pid_s, ref - T0)
     else:
         tl.store(OUTE + bh.to(tl.int64) * SP + rows, ref - T0)
+
+
+@triton.jit
+def _round_elems(t, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr, HW_CVT: tl.constexpr,
+                 FAST: tl.constexpr):
+    """Block-scaled values ``t`` (|t| < 2^(emax + 1), as every scale rule leaves them) rounded to the element grid, as
+    ``(elem, e6)``: ``elem`` holds the rounded values times ``2^-e6``. E4M3 by the hardware cast on a GPU; with ``FAST``
+    E2M3 by the hardware E4M3 cast at 2^-6 on a GPU (``e6 = 6``) and E2M1 on the fp32 bits; else bit arithmetic."""
+    if HW_CVT and MBITS == 3 and EMIN == -6:  # MXFP8: the element grid is E4M3's, whose cast is nearest-even
+        return t.to(tl.float8e4nv).to(tl.float32), 0
+    elif FAST and HW_CVT and MBITS == 3 and EMIN == 0:  # E2M3
+        return round_e2m3_scaled(t), 6
+    elif FAST and MBITS == 1 and EMIN == 0:  # E2M1
+        return round_e2m1(t), 0
+    else:
+        return round_elem(t, MBITS, EMIN, MAXV), 0
 
 
 @triton.jit
@@ -169,7 +197,7 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
                     D: tl.constexpr, BS: tl.constexpr, MX: tl.constexpr, HAS_KVL: tl.constexpr,
                     RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                     MAXV: tl.constexpr, EMAX: tl.constexpr, PERM_V: tl.constexpr = False,
-                    HW_CVT: tl.constexpr = False):
+                    HW_CVT: tl.constexpr = False, FAST_ELEM: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     x, rows, _ = load_slice_rows(V, svb, svh, svs, svd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
@@ -181,9 +209,9 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
     if MX:
         x3 = tl.reshape(x, (BS // 32, 32, D))
         s = shared_exp(tl.max(tl.abs(x3), axis=1), RULE, EMAX, MAXV)  # (BS/32, D)
-        elem = round_elem(x3 * pow2(-s)[:, None, :], MBITS, EMIN, MAXV)
+        elem, e6 = _round_elems(x3 * pow2(-s)[:, None, :], MBITS, EMIN, MAXV, HW_CVT, FAST_ELEM)
         ref = shared_exp(tl.load(AMAX + bh * D + cols), RULE, EMAX, MAXV)  # = max over the channel's blocks
-        v8 = tl.reshape(elem * pow2(s - ref[None, :] + T0)[:, None, :], (BS, D))
+        v8 = tl.reshape(elem * pow2(s - ref[None, :] + T0 + e6)[:, None, :], (BS, D))
         vs = pow2(ref - T0)
     else:
         amax = tl.load(AMAX)
@@ -263,8 +291,14 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         MEAN=mean_arg, HAS_MEAN=mean is not None, QMEAN=qm_arg, BIAS=bias if bias is not None else exps,
         bias_mult=float(bias_mult), HAS_BIAS=q_mean is not None,
         QFLOOR=floor.to(torch.int32).contiguous() if floor is not None else exps, HAS_QFLOOR=floor is not None,
-        FLAGS=flags if flags is not None else exps, HAS_FLAGS=flags is not None, num_warps=QK_WARPS)
+        FLAGS=flags if flags is not None else exps, HAS_FLAGS=flags is not None, FAST_ELEM=FAST_ELEM_ROUNDING,
+        num_warps=QK_WARPS, **_max_regs(QK_MAX_REGS))
     return out, exps, bias
+
+
+def _max_regs(cap):
+    """Launch option capping a kernel's registers per thread (none in the interpreter, which has no ptxas)."""
+    return {} if cap is None or INTERPRET else {"maxnreg": cap}
 
 
 def _persistent_programs(n_tiles: int, device) -> int:
@@ -312,5 +346,7 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
     mbits, emin, maxv, emax = ELEM[plan.v_fmt]
     _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=plan.v_mx,
                           HAS_KVL=has_kvl, RULE=plan.v_rule, T0=plan.v_t0, MBITS=mbits, EMIN=emin,
-                          MAXV=maxv, EMAX=emax, PERM_V=perm, HW_CVT=not INTERPRET, num_warps=V_WARPS)
+                          MAXV=maxv, EMAX=emax, PERM_V=perm, HW_CVT=not INTERPRET,
+                          FAST_ELEM=FAST_ELEM_ROUNDING, num_warps=V_WARPS,
+                          **_max_regs(V_MAX_REGS if plan.v_mx else None))
     return out, vs

@@ -23,6 +23,11 @@ from fsattn_diffusers.testing import exact_attention  # noqa: E402
 from fsattn_diffusers.kernels.ops import prepass  # noqa: E402
 from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
 from fsattn_diffusers.kernels.token_mean import CHUNK, token_mean  # noqa: E402
+from fsattn_diffusers.kernels.common import pow2, shared_exp  # noqa: E402
+from fsattn_diffusers.kernels.prepass import INTERPRET, _round_elems  # noqa: E402
+
+import triton  # noqa: E402
+import triton.language as tl  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 
@@ -174,3 +179,72 @@ def test_public_call_ignores_garbage_past_kv_lens_and_strict_raises_before_any_w
         fa.attention(q_bad, k, v, "mxfp8", layout="bhsd", backend="triton", strict=True)
     print("strict:", err.value)
     assert "\n" not in str(err.value)
+
+
+@triton.jit
+def _round_elems_kernel(T, OUT, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr, HW_CVT: tl.constexpr,
+                        FAST: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    elem, e6 = _round_elems(tl.load(T + offs), MBITS, EMIN, MAXV, HW_CVT, FAST)
+    tl.store(OUT + offs, elem * pow2(tl.zeros((BLOCK,), tl.int32) + e6))
+
+
+@pytest.mark.parametrize("fmt", ["e2m3", "e2m1"])
+def test_short_element_roundings_equal_round_to_elem(fmt):
+    """The pre-pass's element rounding (``prepass._round_elems``) with its short forms (E2M3 by the hardware E4M3 cast,
+    on a GPU; E2M1 on the fp32 bits) and with the bit arithmetic of ``common.round_elem`` equals
+    ``formats.round_to_elem`` (values; zeros of either sign count as zero): every multiple of 2^-12 in [-8, 8) and both fp32 neighbours of each
+    (the grid midpoints and their nearest values included)."""
+    import numpy as np
+
+    from fsattn_diffusers.formats import ELEM_FORMATS, round_to_elem
+
+    f = ELEM_FORMATS[fmt]
+    grid = np.arange(-8 * 4096, 8 * 4096, dtype=np.float64).astype(np.float32) / np.float32(4096)
+    vals = np.concatenate([grid, np.nextafter(grid, np.float32(np.inf)), np.nextafter(grid, np.float32(-np.inf)),
+                           np.array([-0.0], np.float32)])
+    vals = vals[np.abs(vals) < 8]
+    block = 1024
+    t = torch.zeros(-(-vals.size // block) * block, dtype=torch.float32)
+    t[:vals.size] = torch.from_numpy(vals)
+    t = t.to(DEV)
+    want = round_to_elem(t.cpu(), f)
+    for fast in (False, True):
+        got = torch.empty_like(t)
+        _round_elems_kernel[(t.numel() // block,)](t, got, MBITS=f.mbits, EMIN=f.emin, MAXV=f.max_value,
+                                             HW_CVT=not INTERPRET, FAST=fast, BLOCK=block)
+        got = got.cpu()
+        diff = got != want  # values: a zero's sign is not kept by round_elem, and E4M3 carries both zeros as zero
+        bad = int(diff.sum())
+        print(f"{fmt} fast={fast}: {bad} of {t.numel()} values differ from round_to_elem; first inputs "
+              f"{t.cpu()[diff][:4].tolist()} -> {got[diff][:4].tolist()} (want {want[diff][:4].tolist()})")
+        assert bad == 0
+
+
+@triton.jit
+def _shared_exp_kernel(A, OUT, RULE: tl.constexpr, EMAX: tl.constexpr, MAXV: tl.constexpr, BLOCK: tl.constexpr):
+    offs = tl.program_id(0) * BLOCK + tl.arange(0, BLOCK)
+    tl.store(OUT + offs, shared_exp(tl.load(A + offs), RULE, EMAX, MAXV))
+
+
+@pytest.mark.parametrize("fmt", ["e4m3", "e2m3", "e2m1"])
+def test_ceil_scale_rule_without_division_equals_the_reference(fmt):
+    """``common.shared_exp``'s ceil rule (bit arithmetic, no division) equals ``formats.shared_exponent(amax, fmt,
+    'ceil')`` for every fp32 mantissa at the subnormal exponent and at 2^1, every seventh at the smallest normal
+    exponents, around 1 and at the top of the range, and for zero."""
+    from fsattn_diffusers.formats import ELEM_FORMATS, shared_exponent
+
+    f = ELEM_FORMATS[fmt]
+    mant = torch.arange(0, 1 << 23, dtype=torch.int32)
+    bits = torch.cat([mant | (0 << 23), mant | (128 << 23)] + [mant[::7] | (e << 23) for e in (1, 2, 127, 253, 254)])
+    bits = torch.cat([bits, torch.zeros((-bits.numel()) % (1 << 16), dtype=torch.int32)])  # whole blocks
+    amax = bits.view(torch.float32)
+    want = shared_exponent(amax, f, "ceil")
+    got = torch.empty(amax.shape, dtype=torch.int32, device=DEV)
+    block = 1 << 16
+    _shared_exp_kernel[(amax.numel() // block,)](amax.to(DEV), got, RULE=2, EMAX=f.emax, MAXV=f.max_value, BLOCK=block)
+    diff = got.cpu() != want
+    bad = int(diff.sum())
+    print(f"{fmt}: {bad} of {amax.numel()} exponents differ; first amax {amax[diff][:4].tolist()} -> "
+          f"{got.cpu()[diff][:4].tolist()} (want {want[diff][:4].tolist()})")
+    assert bad == 0
