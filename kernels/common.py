@@ -26,6 +26,8 @@ FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 # mapped onto E4M3's smallest normal 2^-6; 128 * 7, the smallest exponent field taken for a block (E = 7); and
 # 2^23 + 128 * 123, so that (2^23 + 128 E) - MXFP6_ANCHOR_OFFSET = 128 (E - 123) exactly.
 E2M3_MAX_SCALED = tl.constexpr(0.1171875)
+# 2^-6: E2M3's grid times it is E4M3's from E4M3's subnormals up (the pre-pass's round_e2m3_scaled).
+E2M3_TO_E4M3 = tl.constexpr(0.015625)
 MXFP6_E128_MIN = tl.constexpr(896)
 MXFP6_ANCHOR_OFFSET = tl.constexpr(8388608.0 + 15744.0)
 # Q smoothing's key term through a chained wgmma (both kernels; sm90_numerics difference 9): its K (columns of Qx/Kx)
@@ -86,20 +88,20 @@ def round_e2m3_scaled(t):
     """``round_elem(t, 3, 0, 7.5) * 2^-6`` by the hardware E4M3 cast (nearest-even on sm_90; not the interpreter's):
     E2M3's grid scaled by 2^-6 is E4M3's from its subnormals (0.125 * 2^-6 = 2^-9) to 7.5 * 2^-6, so the cast rounds
     ``t * 2^-6`` as E2M3 rounds ``t``, and the clamp at ``E2M3_MAX_SCALED`` saturates as E2M3 does. ``|t| < 8``."""
-    r = (t * 0.015625).to(tl.float8e4nv).to(tl.float32)
+    r = (t * E2M3_TO_E4M3).to(tl.float8e4nv).to(tl.float32)
     return tl.minimum(tl.maximum(r, -E2M3_MAX_SCALED), E2M3_MAX_SCALED)
 
 
 @triton.jit
-def round_e2m1(t):
-    """``round_elem(t, 1, 0, 6.0)`` (E2M1: 0, 0.5, 1, 1.5, 2, 3, 4, 6) in fewer instructions, exact in fp32 and in the
-    interpreter: below 2 the quantum is 0.5 (``E2M1_MAGIC``'s ulp), from 2 up one mantissa bit kept nearest-even on
-    the fp32 bits (as ``round_bf16`` keeps seven), then saturation at 6."""
+def round_e2m1(t, MAXV: tl.constexpr):
+    """``round_elem(t, 1, 0, MAXV)`` (E2M1, MAXV = 6: 0, 0.5, 1, 1.5, 2, 3, 4, 6) in fewer instructions, exact in fp32
+    and in the interpreter: below 2 the quantum is 0.5 (``E2M1_MAGIC``'s ulp), from 2 up one mantissa bit kept
+    nearest-even on the fp32 bits (as ``round_bf16`` keeps seven), then saturation at MAXV."""
     at = tl.abs(t)
     small = (at + E2M1_MAGIC) - E2M1_MAGIC
     bits = at.to(tl.int32, bitcast=True)
     big = ((bits + 0x1FFFFF + ((bits >> 22) & 1)) & -4194304).to(tl.float32, bitcast=True)
-    r = tl.minimum(tl.where(at < 2.0, small, big), 6.0)
+    r = tl.minimum(tl.where(at < 2.0, small, big), MAXV)
     return tl.where(t < 0, -r, r)
 
 

@@ -46,14 +46,14 @@ QK_STAGES_E2M1 = 1
 # Registers per thread (ptxas ``maxnreg``; None: no cap) of the Q/K pre-pass and of the MX V quantization kernel. 128
 # keeps two 8-warp programs per SM where K with its mean and the non-finite flags took 160-182 registers (offline
 # sm_90a, the runtime's unit-stride specialization; 4-80 spilled bytes at the cap), MX V 220 for MXFP4. H200, paper shape:
-# K 0.309 -> 0.229 ms (mxfp8), 0.298 -> 0.215 (mxfp6), 0.353 -> 0.264 (mxfp4); MXFP4 V 0.592 -> 0.511. The per-tensor V
-# kernel (80 registers) is left uncapped: capped it took 0.200 instead of 0.176 ms
-# (benchmarks/results/prepass_formats_h200.txt).
+# K 0.308 -> 0.231 ms (mxfp8), 0.297 -> 0.215 (mxfp6), 0.349 -> 0.263 (mxfp4); MXFP4 V 0.592 -> 0.512
+# (benchmarks/results/prepass_formats_h200.txt). The per-tensor V kernel (80 registers) is left uncapped: capped it took
+# 0.200 instead of 0.176 ms (benchmarks/results/kernel_probes_h200/prepass_v_cap_mxfp8.txt).
 QK_MAX_REGS = 128
 V_MAX_REGS = 128
 # MX element rounding by the short forms (_round_elems: E2M3 by the hardware E4M3 cast on a GPU, E2M1 on the fp32 bits)
 # instead of common.round_elem; both give the same values (the E2M3 form keeps a negative zero's sign, as
-# formats.round_to_elem does). H200, paper shape, MXFP6: Q 0.220 -> 0.171 ms, K 0.354 -> 0.298, V 0.520 -> 0.450.
+# formats.round_to_elem does). H200, paper shape, MXFP6: Q 0.220 -> 0.171 ms, K 0.352 -> 0.297, V 0.520 -> 0.449.
 FAST_ELEM_ROUNDING = True
 INTERPRET = os.environ.get("TRITON_INTERPRET", "0") == "1"
 
@@ -162,7 +162,7 @@ def _round_elems(t, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
     elif FAST and HW_CVT and MBITS == 3 and EMIN == 0:  # E2M3
         return round_e2m3_scaled(t), 6
     elif FAST and MBITS == 1 and EMIN == 0:  # E2M1
-        return round_e2m1(t), 0
+        return round_e2m1(t, MAXV), 0
     else:
         return round_elem(t, MBITS, EMIN, MAXV), 0
 

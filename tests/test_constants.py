@@ -36,6 +36,14 @@ def test_kernel_constexprs_equal_the_reference():
 
     assert prepass.KEY_TILE == sm90_numerics.TILE
     assert common.RNE_MAGIC.value == 1.5 * 2 ** 23
+    # the pre-pass's short element roundings: E2M1's quantum below 2 is the ulp of E2M1_MAGIC; E2M3 on E4M3's grid at
+    # 2^(E4M3 emin - E2M3 emin), saturating at E2M3's largest value there
+    e2m1, e2m3, e4m3 = formats.E2M1, formats.E2M3, formats.E4M3
+    fp32_ulp = 2.0 ** (math.floor(math.log2(common.E2M1_MAGIC.value)) - 23)
+    assert fp32_ulp == 2.0 ** (e2m1.emin - e2m1.mbits) and common.E2M1_MAGIC.value == 1.5 * 2 ** 22
+    assert e2m3.mbits == e4m3.mbits
+    assert common.E2M3_TO_E4M3.value == 2.0 ** (e4m3.emin - e2m3.emin)
+    assert common.E2M3_MAX_SCALED.value == e2m3.max_value * common.E2M3_TO_E4M3.value
     assert fused_attention.D_BITS.value == sm90_numerics.D_BITS
     assert fused_attention.F16_MAX_BITS.value == sm90_numerics.F16_MAX_BITS
     assert gluon.D_BITS_F16.value == sm90_numerics.D_BITS_F16
