@@ -125,7 +125,8 @@ def test_a_query_tile_far_above_the_term_drops_it(variant):
     _check("one query tile 2^16 above", q, k, v, "mxfp8+smooth_q", variant)
 
 
-@pytest.mark.parametrize("skp", [640, 4096])
+# 20096 keys: the two mxfp8+smooth_q fuzz cases that leave the 2% rule on the H200 have 20000 (benchmarks/NOTES.md §9)
+@pytest.mark.parametrize("skp", [640, 4096] + ([] if CPU_INTERPRET else [20096]))
 @pytest.mark.parametrize("scales", [(1e-3, 5.0), (300.0, 0.0)])
 def test_the_key_term_pass_equals_the_reference_bit_for_bit(scales, skp):
     """kernels/key_term.py against sm90_numerics.key_term on the same per-key bias and K exponents."""
