@@ -26,10 +26,10 @@ FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
 # mapped onto E4M3's smallest normal 2^-6; 128 * 7, the smallest exponent field taken for a block (E = 7); and
 # 2^23 + 128 * 123, so that (2^23 + 128 E) - MXFP6_ANCHOR_OFFSET = 128 (E - 123) exactly.
 E2M3_MAX_SCALED = tl.constexpr(0.1171875)
-# 2^-6: E2M3's grid times it is E4M3's from E4M3's subnormals up (the pre-pass's round_e2m3_scaled).
-E2M3_TO_E4M3 = tl.constexpr(0.015625)
 MXFP6_E128_MIN = tl.constexpr(896)
 MXFP6_ANCHOR_OFFSET = tl.constexpr(8388608.0 + 15744.0)
+# 2^-6: E2M3's grid times it is E4M3's from E4M3's subnormals up (the pre-pass's round_e2m3_scaled).
+E2M3_TO_E4M3 = tl.constexpr(0.015625)
 # Q smoothing's key term through a chained wgmma (both kernels; sm90_numerics difference 9): its K (columns of Qx/Kx)
 # and the range of Qx = 2^(-QE - G) that E4M3 holds exactly; below it the query tile drops the term.
 KEY_TERM_COLS = tl.constexpr(sm90_numerics.KEY_TERM_COLS)

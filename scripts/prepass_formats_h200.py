@@ -49,6 +49,7 @@ def compare(got, want):
     return "bit-identical" if not n_bits else f"equal values ({n_bits} zeros of the other sign)"
 
 
+DEFAULTS = (pp.FAST_ELEM_ROUNDING, pp.QK_MAX_REGS, pp.V_MAX_REGS)
 for shape in [(1, 24, 32768, 128), (1, 40, 75600, 128)]:
     b, h, s, d = shape
     g = torch.Generator(device="cuda").manual_seed(0)
@@ -76,6 +77,6 @@ for shape in [(1, 24, 32768, 128), (1, 40, 75600, 128)]:
             tk, tq, tv, ta = (timed(f, W, R) for f in (fk, fq, fv, fall))
             print(f"  {recipe} {name:<36} K {tk:.3f}  Q {tq:.3f}  V {tv:.3f}  whole pre-pass {ta:.3f} ms  {same}",
                   flush=True)
-        pp.FAST_ELEM_ROUNDING, pp.QK_MAX_REGS, pp.V_MAX_REGS = True, 128, 128
+        pp.FAST_ELEM_ROUNDING, pp.QK_MAX_REGS, pp.V_MAX_REGS = DEFAULTS
     del q, k, v
     torch.cuda.empty_cache()
