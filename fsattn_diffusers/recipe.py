@@ -88,7 +88,13 @@ class Recipe:
         Subtract Q's mean over the queries (per batch, head and channel) before quantizing Q, and add the per-key
         term ``q_mean . k_j`` (float32, from the BF16 inputs) to the scores before the exponential. Exact in real
         arithmetic. The ``sm90`` numerics carry the term as the Hopper kernel's chained wgmma does (E4M3 terms,
-        ``sm90_numerics`` difference 9); on the H200 it costs ~6.5% kernel time.
+        ``sm90_numerics`` difference 9); on the H200 it costs ~6.5% kernel time on the slices that take it.
+    smooth_q_min_ratio : float
+        With ``smooth_q``, smooth only the (batch, head) slices whose query mean stands out of the queries' spread:
+        ``|q_mean| > ratio * rms_t |q_t - q_mean|`` (:func:`fsattn_diffusers.smoothing.q_smoothing_heads`, float64
+        statistics of the BF16 values over all queries). The other slices keep Q as it is and skip the key term
+        (their ``q_mean`` is taken as 0). ``0`` smooths every slice. Queries without a shared component give
+        about ``1 / sqrt(S_q)``; the presets use :data:`Q_SMOOTHING_MIN_RATIO`.
     tile_m, tile_n : int
         Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
     qk_scale_rule, v_scale_rule, p_scale_rule : str or None
@@ -116,6 +122,7 @@ class Recipe:
     hadamard_signs: bool = False
     smooth_k: bool = False
     smooth_q: bool = False
+    smooth_q_min_ratio: float = 0.0
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     qk_scale_rule: Optional[str] = None
@@ -139,6 +146,9 @@ class Recipe:
         if self.rollback_floor_log2 is not None and not (1 <= self.rollback_floor_log2 <= ROLLBACK_FLOOR_LIMIT_LOG2):
             raise ValueError(f"Recipe.rollback_floor_log2={self.rollback_floor_log2} is out of range; accepted: "
                              f"None or 1..{ROLLBACK_FLOOR_LIMIT_LOG2}")
+        if not (self.smooth_q_min_ratio >= 0.0 and self.smooth_q_min_ratio < float("inf")):
+            raise ValueError(f"Recipe.smooth_q_min_ratio={self.smooth_q_min_ratio!r} is out of range; accepted: a "
+                             f"finite number >= 0 (0: every slice)")
         for field in ("tile_m", "tile_n"):
             value = getattr(self, field)
             if value < 32 or value % 32:
@@ -175,8 +185,13 @@ class Recipe:
 
 
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
+#: Q smoothing's per-slice switch in the presets (``Recipe.smooth_q_min_ratio``). CPU emulator study
+#: (benchmarks/results/q_smoothing_statistic_cpu.md): slices without a shared Q component give ~1/sqrt(S_q) (0.02 at
+#: 2048 queries), where smoothing moves the error by -0.13..+0.05 pp; Q offsets give 1.8-3.0, locality 0.21, an
+#: attention sink 0.35, where it helps.
+Q_SMOOTHING_MIN_RATIO = 0.1
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7).
-ROBUST = dict(hadamard_signs=True, smooth_k=True)
+ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True, smooth_q_min_ratio=Q_SMOOTHING_MIN_RATIO)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering.
@@ -212,6 +227,11 @@ def _field_value(field: dataclasses.Field, text: str):
         return low in ("true", "1")
     if "Optional" in kind and low == "none":
         return None
+    if "float" in kind:
+        try:
+            return float(low)
+        except ValueError:
+            raise ValueError(f"Recipe.{field.name}={text!r} is not a number") from None
     if "int" in kind:
         try:
             return int(low)

@@ -23,15 +23,16 @@ from .operands import LOG2E
 MEAN_CHUNKS = 16
 
 
-def _token_sum(x: torch.Tensor) -> torch.Tensor:
-    """Float64 sum over dim 2 of ``BF16(x)`` (B, H, S, D), in chunks of tokens: (B, H, 1, D)."""
+def _token_sum(x: torch.Tensor, squares: bool = False) -> torch.Tensor:
+    """Float64 sum over dim 2 of ``BF16(x)`` (B, H, S, D), or of its squares, in chunks of tokens: (B, H, 1, D)."""
     step = max(1, -(-x.shape[2] // MEAN_CHUNKS))
     total = None
     for s0 in range(0, x.shape[2], step):
         part = x[:, :, s0:s0 + step]
         if part.dtype != torch.bfloat16:
             part = part.to(torch.bfloat16)
-        part = part.to(torch.float64).sum(dim=2, keepdim=True)
+        part = part.to(torch.float64)
+        part = (part * part if squares else part).sum(dim=2, keepdim=True)
         total = part if total is None else total + part
     return total
 
@@ -61,6 +62,24 @@ def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.T
              torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
              for i, n in enumerate(counts)]
     return torch.cat(parts, dim=0)
+
+
+def q_smoothing_heads(q: torch.Tensor, min_ratio: float) -> torch.Tensor:
+    """The (batch, head) slices Q smoothing takes under ``Recipe.smooth_q_min_ratio``: (B, H) bool.
+
+    With ``mu`` the float64 mean of the BF16 queries and ``ms`` the float64 mean of their squared norms,
+    ``|mu|^2 > min_ratio^2 (ms - |mu|^2)``: the mean's norm exceeds ``min_ratio`` times the queries' rms distance
+    from it. ``kernels.token_mean`` decides the same way on the GPU (sums in another order: a slice whose ratio lies
+    within ~1e-12 of ``min_ratio`` may be decided differently). ``min_ratio`` 0: every slice.
+    """
+    b, h, s, _ = q.shape
+    if min_ratio <= 0.0 or s == 0:
+        return torch.full((b, h), min_ratio <= 0.0, dtype=torch.bool, device=q.device)
+    mu = _token_sum(q)[:, :, 0] / s
+    ms = _token_sum(q, squares=True)[:, :, 0].sum(dim=-1) / s
+    mm = (mu * mu).sum(dim=-1)
+    ratio2 = float(torch.tensor(min_ratio * min_ratio, dtype=torch.float32))  # as the kernel takes it (an fp32 scalar)
+    return mm > ratio2 * (ms - mm)
 
 
 def subtract_mean(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
@@ -98,7 +117,8 @@ def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid:
     Returns
     -------
     q, k : the operands to quantize (the inputs themselves when smoothing is off; else float32 BF16 values).
-    bias : (B, H, S_k) float32 per-key score term in doublings (``smooth_q``), or None.
+    bias : (B, H, S_k) float32 per-key score term in doublings (``smooth_q``; 0 on the slices that
+        ``smooth_q_min_ratio`` leaves out, whose q is then ``BF16(q)``, the value every quantizer starts from), or None.
     lse_offset : (B, H, S_q) float32 to add to the natural-log LSE (``smooth_k``), or None.
     """
     bias = offset = None
@@ -108,6 +128,9 @@ def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid:
         k = subtract_mean(k, k_mean)
     if recipe.smooth_q:
         q_mean = token_mean(q)
+        if recipe.smooth_q_min_ratio > 0.0:  # the other slices: Q as it is, no key term
+            heads = q_smoothing_heads(q, recipe.smooth_q_min_ratio)
+            q_mean = torch.where(heads[:, :, None, None], q_mean, torch.zeros_like(q_mean))
         k_seen = k if recipe.smooth_k else round_to_bf16(k.to(torch.float32))
         bias = key_bias(q_mean, k_seen, scale * LOG2E)
         q = subtract_mean(q, q_mean)

@@ -200,18 +200,35 @@ def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN:
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
-              empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
-              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
+def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, TERM_SEL: gl.constexpr, P_MX: gl.constexpr, TSEL, q_smem,
+              qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE,
+              KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+              WRITE_LSE, CAP, FLOOR, SIGMA):
+    """A partition's entry: :func:`_warpgroup` with the key term or, with ``TERM_SEL``, with it on the slices that
+    Q smoothing's switch selects (``TSEL[bh]`` != 0) and without it on the others: two copies of the key loop, one
+    runtime branch per program, so a slice without the term runs the loop of a recipe without Q smoothing."""
+    if KEY_TERM and TERM_SEL:
+        if gl.load(TSEL + bh) != 0:
+            _warpgroup(WG, True, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+        else:
+            _warpgroup(WG, False, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+    else:
+        _warpgroup(WG, KEY_TERM, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+
+
+@gluon.jit
+def _warpgroup(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
+               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
+               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
     ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a second, K = 32 wgmma chained on it,
     ``S_j += Qx Kx_j^T`` (sm90_numerics difference 9; ``qx_smem`` the query tile's power of two, ``kx_smem`` the
     key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
     row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
-    Both partitions run this function; ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
-    tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as runtime
-    scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never) lowers
+    Both partitions run this function (through :func:`_consumer`); ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as
+    ``gl.constexpr`` arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``,
+    ``FLOOR``, ``SIGMA`` arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never) lowers
     the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -349,13 +366,13 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
 
 
 @gluon.jit
-def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc, kx_desc, QE, KE, VS, KG, OUT, LSE,
-                                     STATS, FLAGS, NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
+def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc, kx_desc, QE, KE, VS, KG, TSEL, OUT,
+                                     LSE, STATS, FLAGS, NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP,
                                      D: gl.constexpr, BN: gl.constexpr, HAS_KVL: gl.constexpr,
                                      WRITE_LSE: gl.constexpr, CAP: gl.constexpr, FLOOR: gl.constexpr,
                                      SIGMA: gl.constexpr,
                                      STAGES: gl.constexpr, REGS: gl.constexpr, KEY_TERM: gl.constexpr = False,
-                                     P_MX: gl.constexpr = False):
+                                     TERM_SEL: gl.constexpr = False, P_MX: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -366,6 +383,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
         int32 the shift G: the tile ``2^(-QE - G)`` is loaded, or the zero tile below 2^QX_MIN_LOG2.
     kx_desc : (``KEY_TERM``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
     Without ``KEY_TERM`` both may be any descriptor (ones_desc); they are not read.
+    TSEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch (kernels.token_mean): slices with 0 load neither
+        Qx nor Kx and run the key loop without the term (their term is 0).
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -410,18 +429,25 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     if not P_MX:
         mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
-    if KEY_TERM:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
+    term = 1
+    if KEY_TERM and TERM_SEL:
+        term = gl.load(TSEL + bh)
+    if KEY_TERM and term != 0:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
         v = -gl.load(QE + bh * (SQP // 128) + pid_m) - gl.load(KG + bh)
         qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1, gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
         mbarrier.expect(onesbar.index(1), qx_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem, pred=n_tiles > 0)
-    for i in gl.static_range(STAGES):
-        _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN,
-                 KEY_TERM)
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles,
+                     BN, True)
+    else:
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles,
+                     BN, False)
 
     args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc,
             QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
             WRITE_LSE, CAP, FLOOR, SIGMA)
-    # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX as constexprs)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX) + args),
-                        (_consumer, (gl.constexpr(1), KEY_TERM, P_MX) + args)], [4], [REGS])
+    # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, TERM_SEL, P_MX as constexprs)
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, TERM_SEL, P_MX, TSEL) + args),
+                        (_consumer, (gl.constexpr(1), KEY_TERM, TERM_SEL, P_MX, TSEL) + args)], [4], [REGS])

@@ -34,13 +34,31 @@ def _e4m3(x, HW_CVT: tl.constexpr):
 
 
 @triton.jit
-def _key_term_kernel(BIAS, KE, KX, BEFF, G, SKP, HW_CVT: tl.constexpr, WRITE_KX: tl.constexpr,
-                     BN: tl.constexpr, COLS: tl.constexpr):
-    """Program ``bh``: two passes over its SKP keys (BN per step), the maximum, then the terms."""
+def _key_term_kernel(BIAS, KE, KX, BEFF, G, SEL, SKP, HW_CVT: tl.constexpr, WRITE_KX: tl.constexpr,
+                     BN: tl.constexpr, COLS: tl.constexpr, HAS_SEL: tl.constexpr):
+    """Program ``bh``: two passes over its SKP keys (BN per step), the maximum, then the terms. ``HAS_SEL``: a slice
+    with ``SEL[bh] = 0`` (left out by Q smoothing's switch: its term is 0) gets G = G_MAX, as a zero term gives it,
+    and zero ``bias_eff`` for the triton kernel; Kx is not written (the gluon_pingpong kernel skips the term there)."""
     bh = tl.program_id(0)
     keys = tl.arange(0, BN)
     base = bh.to(tl.int64) * SKP
     n_t = SKP // BN
+    on = 1
+    if HAS_SEL:
+        on = tl.load(SEL + bh)
+    if on != 0:
+        _key_term_slice(BIAS, KE, KX, BEFF, G, bh, base, keys, n_t, HW_CVT, WRITE_KX, BN, COLS)
+    else:
+        tl.store(G + bh, G_MAX)
+        if not WRITE_KX:
+            for t in range(0, n_t):
+                tl.store(BEFF + base + t * BN + keys, tl.zeros((BN,), tl.float32))
+
+
+@triton.jit
+def _key_term_slice(BIAS, KE, KX, BEFF, G, bh, base, keys, n_t, HW_CVT: tl.constexpr, WRITE_KX: tl.constexpr,
+                    BN: tl.constexpr, COLS: tl.constexpr):
+    """The two passes of :func:`_key_term_kernel` for slice ``bh``."""
     amax = tl.zeros((BN,), tl.float32)
     for t in range(0, n_t):
         b = tl.load(BIAS + base + t * BN + keys)
@@ -75,19 +93,24 @@ def _key_term_kernel(BIAS, KE, KX, BEFF, G, SKP, HW_CVT: tl.constexpr, WRITE_KX:
             tl.store(KX + (base + t * BN + keys)[:, None] * (COLS // 4) + words[None, :], row)
 
 
+
+
 @triton.jit
 def _byte(e):
     """The E4M3 byte (int32, 0..255) of an fp32 value that is already an E4M3 value (exact cast)."""
     return e.to(tl.float8e4nv).to(tl.uint8, bitcast=True).to(tl.int32)
 
 
-def key_term_operands(bias: torch.Tensor, ke: torch.Tensor, write_kx: bool, interpret: bool):
+def key_term_operands(bias: torch.Tensor, ke: torch.Tensor, write_kx: bool, interpret: bool, sel=None):
     """The key term from the K pre-pass's outputs.
 
     Parameters
     ----------
     bias : Tensor (B, H, SKP) float32, doublings, 0 on padded keys; ke : Tensor (B, H, SKP / 128) int32.
     write_kx : also write the gluon_pingpong kernel's operand.
+    sel : Tensor (B * H,) int32, optional: Q smoothing's per-slice switch (kernels.token_mean); slices with 0 have a
+        zero term (bias 0) and get G and bias_eff as a zero term gives them, without the passes; their Kx rows are
+        left unwritten (the gluon_pingpong kernel does not load them).
 
     Returns
     -------
@@ -99,7 +122,7 @@ def key_term_operands(bias: torch.Tensor, ke: torch.Tensor, write_kx: bool, inte
     g = torch.empty((b * h,), dtype=torch.int32, device=bias.device)
     kx = (torch.empty((b * h * skp, KEY_TERM_COLS.value), dtype=torch.float8_e4m3fn, device=bias.device)
           if write_kx else None)
-    _key_term_kernel[(b * h,)](bias, ke, kx.view(torch.int32) if write_kx else g, bias_eff, g, skp,
-                               HW_CVT=not interpret, WRITE_KX=write_kx, BN=KEY_TILE, COLS=KEY_TERM_COLS.value,
-                               num_warps=WARPS)
+    _key_term_kernel[(b * h,)](bias, ke, kx.view(torch.int32) if write_kx else g, bias_eff, g,
+                               sel if sel is not None else g, skp, HW_CVT=not interpret, WRITE_KX=write_kx,
+                               BN=KEY_TILE, COLS=KEY_TERM_COLS.value, HAS_SEL=sel is not None, num_warps=WARPS)
     return bias_eff, kx, g, (-g - sm90_numerics.QX_MAX_LOG2).view(b, h)

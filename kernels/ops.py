@@ -56,8 +56,10 @@ class KernelOperands(NamedTuple):
 
     Q smoothing's per-key score term (sm90_numerics difference 9), or None each: ``bias`` (B, H, SKP) float32, the
     term in doublings as the triton kernel adds it on the query tiles that keep it; ``kx`` (B * H * SKP, 32) E4M3,
-    its terms, the gluon_pingpong kernel's chained-wgmma operand; ``kg`` (B * H) int32, the shift G. ``k_mean``
-    (B, H, 1, D): K smoothing's mean (the LSE adds ``scale * q . k_mean`` back), or None.
+    its terms, the gluon_pingpong kernel's chained-wgmma operand; ``kg`` (B * H) int32, the shift G; ``q_sel``
+    (B * H) int32, Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``): the slices with 0 have no term,
+    their Kx rows are not written and the gluon_pingpong kernel skips the chained wgmma there (None: every slice
+    has it). ``k_mean`` (B, H, 1, D): K smoothing's mean (the LSE adds ``scale * q . k_mean`` back), or None.
     """
 
     q8: torch.Tensor
@@ -70,6 +72,7 @@ class KernelOperands(NamedTuple):
     k_mean: Optional[torch.Tensor] = None
     kx: Optional[torch.Tensor] = None
     kg: Optional[torch.Tensor] = None
+    q_sel: Optional[torch.Tensor] = None
 
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None,
@@ -80,16 +83,20 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
     variant = effective_variant(variant, plan)
     nan_pad = variant == GLUON_PINGPONG
     k_mean = token_mean(k, kv_lens) if plan.smooth_k else None
-    q_mean = token_mean(q) if plan.smooth_q else None
+    q_mean = q_sel = None
+    if plan.smooth_q and plan.smooth_q_ratio2 > 0.0:  # the per-slice switch: q_mean 0 where it is off
+        q_mean, q_sel = token_mean(q, ratio2=plan.smooth_q_ratio2)
+    elif plan.smooth_q:
+        q_mean = token_mean(q)
     # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
                               q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags)
     bias_eff = kx = kg = q_floor = None
     if bias is not None:  # the pre-pass wrote 0 for padded keys
-        bias_eff, kx, kg, q_floor = key_term_operands(bias, ke, variant == GLUON_PINGPONG, INTERPRET)
+        bias_eff, kx, kg, q_floor = key_term_operands(bias, ke, variant == GLUON_PINGPONG, INTERPRET, q_sel)
     q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean, floor=q_floor, flags=flags)
     v8t, vs = prepare_v(v, plan, kv_lens, perm=True, flags=flags)
-    return KernelOperands(q8, qe, k8, ke, v8t, vs, bias_eff, k_mean, kx, kg)
+    return KernelOperands(q8, qe, k8, ke, v8t, vs, bias_eff, k_mean, kx, kg, q_sel)
 
 
 def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, s_k: int,
@@ -143,6 +150,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
 
     q8, qe, k8, ke, v8t, vs, bias = ops[:7]
     has_term = bias is not None
+    term_sel = has_term and ops.q_sel is not None
     if has_term and ops.kx is None:
         raise ValueError("gluon_pingpong kernel with Q smoothing: the operands lack the key term's E4M3 terms (kx); "
                          "accepted: operands from prepass(..., variant='gluon_pingpong')")
@@ -163,11 +171,13 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
     fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
         _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
         _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), ones_desc, qx_desc, kx_desc,
-        qe, ke, vs, ops.kg if has_term else qe, out, lse if lse is not None else stats, stats, tile_bits, nkw,
+        qe, ke, vs, ops.kg if has_term else qe, ops.q_sel if term_sel else qe, out,
+        lse if lse is not None else stats, stats, tile_bits, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
         FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
-        STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=has_term, P_MX=plan.p_mxfp6, num_warps=4)
+        STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=has_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
+        num_warps=4)
     if nkw:
         stats[1] += _popcount(tile_bits).to(torch.int32)
 

@@ -16,6 +16,7 @@ from this plan directly and drop the carry; nothing here has been run on such ha
 from __future__ import annotations
 
 import dataclasses
+import struct
 from dataclasses import dataclass
 from typing import Optional
 
@@ -66,6 +67,8 @@ class KernelPlan:
     smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the key term q_mean . k_j
     h15: bool = False  # Rowmax-H15 exponential (sm90_numerics difference 8) instead of Schraudolph's
     gate_floor: int = 0  # doublings below the reference that lower it (Recipe.rollback_floor_log2); 0: never
+    # Q smoothing's per-slice switch (Recipe.smooth_q_min_ratio): the float32 bits of the squared ratio; 0: every slice
+    smooth_q_ratio2_bits: int = 0
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -81,6 +84,12 @@ class KernelPlan:
         """``gate_floor`` as the gluon_pingpong kernel takes it: a runtime threshold in doublings, ``inf`` when the
         plan never lowers."""
         return float(self.gate_floor) if self.lowers else float("inf")
+
+    @property
+    def smooth_q_ratio2(self) -> float:
+        """``float32(Recipe.smooth_q_min_ratio^2)``, the threshold of :func:`kernels.token_mean.token_mean` (0: every
+        slice is smoothed)."""
+        return struct.unpack("<f", struct.pack("<I", self.smooth_q_ratio2_bits))[0]
 
     @property
     def qk_t0(self) -> int:
@@ -142,6 +151,8 @@ def plan_for(recipe) -> KernelPlan:
         smooth_q=recipe.smooth_q,
         h15=recipe.exponential == "rowmax_h15",
         gate_floor=(recipe.rollback_floor_log2 or 0) if recipe.rollback else 0,
+        smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", recipe.smooth_q_min_ratio ** 2))[0]
+                              if recipe.smooth_q else 0),
     )
 
 

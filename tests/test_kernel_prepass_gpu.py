@@ -17,6 +17,7 @@ pytest.importorskip("triton")
 import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers import nonfinite  # noqa: E402
 from fsattn_diffusers.recipe import get_recipe  # noqa: E402
+from fsattn_diffusers.smoothing import q_smoothing_heads  # noqa: E402
 from fsattn_diffusers.smoothing import token_mean as reference_token_mean  # noqa: E402
 from fsattn_diffusers.testing import exact_attention  # noqa: E402
 
@@ -75,6 +76,25 @@ def test_token_mean_kernel_is_bit_identical_to_the_pytorch_mean(dtype, kind):
     assert not torch.equal(x.cpu(), torch.zeros_like(x.cpu()))  # the input is what it was (no in-place change)
 
 
+@pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
+def test_token_mean_kernel_selects_the_slices_q_smoothing_selects(dtype):
+    """kernels.token_mean's per-slice switch = smoothing.q_smoothing_heads, the mean zeroed where it is off; ratios
+    from ~1/sqrt(S) (no shared component) to ~3, and one slice placed on either side of the threshold."""
+    g = torch.Generator().manual_seed(4)
+    x = torch.randn(2, 6, 777, 64, generator=g)
+    x[0, 1] += 3.0
+    x[1, 2] += torch.randn(64, generator=g)  # a random shared direction
+    x[1, 3] += 0.12 * torch.randn(64, generator=g) / 0.125  # near the 0.1 threshold
+    x = x.to(dtype)
+    ratio2 = float(torch.tensor(0.1 ** 2, dtype=torch.float32))
+    mean, sel = token_mean(x.to(DEV), ratio2=ratio2)
+    want = q_smoothing_heads(x, 0.1).reshape(-1)
+    full = reference_token_mean(x)
+    print(f"{dtype}: selected {sel.tolist()}")
+    assert torch.equal(sel.cpu().bool(), want) and 0 < int(want.sum()) < 12
+    assert torch.equal(mean.cpu(), torch.where(want.view(2, 6, 1, 1), full, torch.zeros_like(full)))
+
+
 def test_token_mean_kernel_leaves_its_input_alone_and_ignores_garbage_past_kv_lens():
     g = torch.Generator().manual_seed(4)
     x = torch.randn(2, 3, 300, 128, generator=g).bfloat16()
@@ -89,7 +109,7 @@ def test_token_mean_kernel_leaves_its_input_alone_and_ignores_garbage_past_kv_le
     assert torch.equal(noisy.view(torch.int16), before.view(torch.int16))
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4", "mxfp8+smooth_q", "mxfp8-paper"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4", "mxfp8+smooth_q_min_ratio=0", "mxfp8-paper"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_prepass_flags_equal_the_pytorch_detector_and_leave_the_operands_alone(recipe, dtype):
     q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, "bshd", seed=5))

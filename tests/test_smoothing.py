@@ -8,8 +8,8 @@ import torch
 import fsattn_diffusers as fa
 from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.hadamard import hadamard_matrix, rotation_signs
-from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, ROBUST, ROBUST_P
-from fsattn_diffusers.smoothing import token_mean
+from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO, ROBUST, ROBUST_P, Recipe
+from fsattn_diffusers.smoothing import q_smoothing_heads, token_mean
 from fsattn_diffusers.testing import exact_attention
 
 
@@ -75,7 +75,8 @@ def test_robust_presets_and_paper_presets():
         assert not (paper.smooth_k or paper.smooth_q or paper.hadamard_signs)
         per_p = ROBUST_P[robust.p_format]
         assert all(getattr(robust, f) == v for f, v in per_p.items())
-        assert robust.replace(**{f: False for f in ROBUST}, **{f: None for f in per_p}, name=paper.name) == paper
+        plain = {f: getattr(Recipe(), f) for f in ROBUST}  # the paper's values: the dataclass defaults
+        assert robust.replace(**plain, **{f: None for f in per_p}, name=paper.name) == paper
 
 
 def test_rotation_signs_are_fixed_and_orthogonal():
@@ -106,15 +107,58 @@ def test_shared_offsets_no_longer_break_mxfp8():
 
 
 def test_recipe_names_with_changes():
-    r = fa.get_recipe("mxfp8+smooth_q")
-    assert r.smooth_q and r.name == "mxfp8+smooth_q" and r.replace(smooth_q=False, name="mxfp8") == PRESETS["mxfp8"]
+    r = fa.get_recipe("mxfp8-paper+smooth_q")
+    assert r.smooth_q and r.name == "mxfp8-paper+smooth_q"
+    assert r.replace(smooth_q=False, name="mxfp8-paper") == PRESETS["mxfp8-paper"]
+    r = fa.get_recipe("mxfp8+smooth_q_min_ratio=0")
+    assert r.smooth_q and r.smooth_q_min_ratio == 0.0 and PRESETS["mxfp8"].smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO
     r = fa.get_recipe("mxfp8-paper+proxy=u32+rollback_cap_log2=24")
     assert (r.proxy, r.rollback_cap_log2, r.smooth_k) == ("u32", 24, False)
-    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=True)
-    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=True+qk_scale_rule=floor"
+    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=False)
+    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=False+qk_scale_rule=floor"
     assert fa.get_recipe(derived.name) == derived  # a derived name parses back into the same recipe
     for bad, msg in (("mxfp8+nosuch", "unknown Recipe field"), ("nope", "unknown recipe"),
-                     ("mxfp8+smooth_q=maybe", "not a bool"), ("mxfp8+tile_n=x", "not an integer")):
+                     ("mxfp8+smooth_q=maybe", "not a bool"), ("mxfp8+tile_n=x", "not an integer"),
+                     ("mxfp8+smooth_q_min_ratio=x", "not a number"), ("mxfp8+smooth_q_min_ratio=-1", "out of range")):
         with pytest.raises(ValueError, match=msg) as info:
             fa.get_recipe(bad)
         assert "\n" not in str(info.value)
+
+
+def _mixed_heads(s_q=512, s_k=384, d=128, seed=5):
+    """(1, 4, S, D) BF16 inputs whose heads 1 and 3 have a shared +3 on every query channel, heads 0 and 2 none."""
+    g = torch.Generator().manual_seed(seed)
+    q, k, v = (torch.randn(1, 4, s, d, generator=g) for s in (s_q, s_k, s_k))
+    q[:, 1::2] += 3.0
+    return q.bfloat16(), k.bfloat16(), v.bfloat16()
+
+
+def test_q_smoothing_selects_the_heads_with_a_shared_query_component():
+    q, _, _ = _mixed_heads()
+    sel = q_smoothing_heads(q, Q_SMOOTHING_MIN_RATIO)
+    mu = q.double().mean(dim=2)
+    ratio = mu.norm(dim=-1) / (q.double() - mu[:, :, None]).pow(2).sum(-1).mean(-1).sqrt()
+    print(f"ratio |q_mean| / rms |q - q_mean| per head: {ratio.tolist()}; selected {sel.tolist()}")
+    assert sel.tolist() == [[False, True, False, True]]
+    assert torch.equal(sel, ratio > Q_SMOOTHING_MIN_RATIO)
+    assert q_smoothing_heads(q, 0.0).all()  # 0: every slice
+    assert not q_smoothing_heads(torch.zeros(1, 2, 64, 32), Q_SMOOTHING_MIN_RATIO).any()  # no mean, nothing to take
+
+
+@pytest.mark.parametrize("numerics", ["mi355x", "sm90"])
+@pytest.mark.parametrize("name", ["mxfp8", "mxfp6"])
+def test_the_switch_gives_each_head_the_output_of_its_setting(name, numerics):
+    """Default preset (switch at 0.1) = Q smoothing off on heads 0/2 and on every slice on heads 1/3, bit for bit."""
+    q, k, v = _mixed_heads()
+    scale = 128 ** -0.5
+    run = lambda r: emulate_attention(q, k, v, r.replace(numerics=numerics), scale=scale, return_lse=True)[:2]  # noqa
+    auto, lse = run(PRESETS[name])
+    off, lse_off = run(PRESETS[name].replace(smooth_q=False))
+    on, lse_on = run(PRESETS[name].replace(smooth_q_min_ratio=0.0))
+    ref, _ = _exact(q, k, v, scale)
+    err = lambda o, hs: float((o[:, hs].double() - ref[:, hs]).norm() / ref[:, hs].norm())  # noqa
+    print(f"{name}/{numerics}: offset heads: switch {err(auto, [1, 3]):.4f}, off {err(off, [1, 3]):.4f}, "
+          f"every slice {err(on, [1, 3]):.4f}; plain heads: switch {err(auto, [0, 2]):.4f}")
+    assert torch.equal(auto[:, 0::2], off[:, 0::2]) and torch.equal(lse[:, 0::2], lse_off[:, 0::2])
+    assert torch.equal(auto[:, 1::2], on[:, 1::2]) and torch.equal(lse[:, 1::2], lse_on[:, 1::2])
+    assert err(auto, [1, 3]) < 0.8 * err(off, [1, 3])

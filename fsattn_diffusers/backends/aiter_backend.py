@@ -11,7 +11,10 @@ K smoothing is done on the host before the call (``smoothing.subtract_mean``: ex
 shift, and AITER returns no LSE to correct); the signed rotation by flipping the signs of Q's and K's channels on the
 host (``H diag(s) x = H (s * x)``, exact; AITER's own rotation then applies ``H``); the lowering gate
 (``rollback_floor_log2``) is a no-op under AITER's semantics, where P carries a scale per row and key tile (the
-emulator's ``mi355x`` mode gives bit-identical outputs with and without it: tests/test_rollback_floor.py).
+emulator's ``mi355x`` mode gives bit-identical outputs with and without it: tests/test_rollback_floor.py). Q smoothing
+(``smooth_q``) needs a per-key score term that ``mha_v4`` cannot add: a call whose queries select it on any slice
+(``smoothing.q_smoothing_heads``, a host-side check) is not taken, so it falls back with a warning; on the other
+calls the switch leaves Q as it is and the call is AITER's.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import torch
 
 from ..hadamard import rotation_signs
 from ..recipe import PAPER_SUFFIX, PRESETS
-from ..smoothing import subtract_mean, token_mean
+from ..smoothing import q_smoothing_heads, subtract_mean, token_mean
 from .registry import Backend, register_backend
 
 # AITER's mha_v4 kernels take head dim 128 only.
@@ -52,7 +55,8 @@ def _available(device) -> Optional[str]:
 
 
 #: Recipe fields the adapter honours around AITER's kernel (see the module docstring), with the paper's values.
-HOST_FIELDS = dict(smooth_k=False, hadamard_signs=False, rollback_floor_log2=None)
+HOST_FIELDS = dict(smooth_k=False, hadamard_signs=False, rollback_floor_log2=None, smooth_q=False,
+                   smooth_q_min_ratio=0.0)
 
 
 def preset_of(recipe) -> Optional[str]:
@@ -85,6 +89,11 @@ def _unsupported(q, k, v, recipe, *, kv_lens, return_lse) -> Optional[str]:
         return "AITER mha_v4 takes no key-padding lengths"
     if return_lse:
         return "AITER mha_v4 returns no LSE"
+    if recipe.smooth_q:
+        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio).sum())
+        if n:
+            return (f"Q smoothing selects {n} of {q.shape[0] * q.shape[1]} (batch, head) slices and AITER mha_v4 "
+                    f"cannot add its per-key term")
     return None
 
 
