@@ -207,13 +207,9 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, TERM_SEL: gl.constexpr, 
     """A partition's entry: :func:`_warpgroup` with the key term or, with ``TERM_SEL``, with it on the slices that
     Q smoothing's switch selects (``TSEL[bh]`` != 0) and without it on the others: two copies of the key loop, one
     runtime branch per program, so a slice without the term runs the loop of a recipe without Q smoothing."""
-    if KEY_TERM and TERM_SEL:
-        if gl.load(TSEL + bh) != 0:
-            _warpgroup(WG, True, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
-        else:
-            _warpgroup(WG, False, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
-    else:
-        _warpgroup(WG, KEY_TERM, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+    _warpgroup(WG, KEY_TERM, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem,
+               k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos,
+               sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
 
 
 @gluon.jit
@@ -395,59 +391,56 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
         n_keys = gl.load(KVL + b).to(gl.int32)
     n_tiles = (n_keys + BN - 1) // BN
 
-    q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, WG_ROWS, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BN], v_desc.layout)
-    qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [ONES_N, BN], ones_desc.layout)
-    if KEY_TERM:
-        qx_smem = gl.allocate_shared_memory(gl.float8e4nv, [WG_ROWS, KEY_TERM_COLS], qx_desc.layout)
-        kx_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, KEY_TERM_COLS], kx_desc.layout)
-    else:  # not allocated (never read)
-        qx_smem = ones_smem
-        kx_smem = k_smem
-    onesbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # the ones tile, the Qx tile
-    mbarrier.init(onesbar.index(0), count=1)
-    mbarrier.init(onesbar.index(1), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(qbar.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(kvbar.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
-
-    for i in gl.static_range(2):
-        mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
-                                        q_smem.index(i))
-    # the ones tile of the tensor-core row sum (fp8_row P), by TMA (a ones tile stored to shared memory from registers
-    # gave row sums at half their value on the H200). Not with MXFP6 P: its partitions never read the tile, so the
-    # allocator gave its bytes to the partitions' captured arguments, and the late TMA write replaced the captured key
-    # count (kv_lens) with E4M3 ones: the partitions then waited for key tiles that were never loaded (a hang on the H200).
-    if not P_MX:
-        mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
-        tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
-    term = 1
-    if KEY_TERM and TERM_SEL:
-        term = gl.load(TSEL + bh)
-    if KEY_TERM and term != 0:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
-        v = -gl.load(QE + bh * (SQP // 128) + pid_m) - gl.load(KG + bh)
-        qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1, gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
-        mbarrier.expect(onesbar.index(1), qx_desc.block_type.nbytes, pred=n_tiles > 0)
-        tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem, pred=n_tiles > 0)
+    run = True
+    if TERM_SEL:  # one of two launches: the slices whose switch (TSEL) matches KEY_TERM
+        run = (gl.load(TSEL + bh) != 0) == KEY_TERM
+    if run:
+        q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, WG_ROWS, D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BN], v_desc.layout)
+        qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [ONES_N, BN], ones_desc.layout)
+        if KEY_TERM:
+            qx_smem = gl.allocate_shared_memory(gl.float8e4nv, [WG_ROWS, KEY_TERM_COLS], qx_desc.layout)
+            kx_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, KEY_TERM_COLS], kx_desc.layout)
+        else:  # not allocated (never read)
+            qx_smem = ones_smem
+            kx_smem = k_smem
+        onesbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())  # the ones tile, the Qx tile
+        mbarrier.init(onesbar.index(0), count=1)
+        mbarrier.init(onesbar.index(1), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(qbar.index(i), count=1)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles,
-                     BN, True)
-    else:
-        for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles,
-                     BN, False)
+            mbarrier.init(kvbar.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        fence_async_shared()
 
-    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc,
-            QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-            WRITE_LSE, CAP, FLOOR, SIGMA)
-    # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, TERM_SEL, P_MX as constexprs)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, TERM_SEL, P_MX, TSEL) + args),
-                        (_consumer, (gl.constexpr(1), KEY_TERM, TERM_SEL, P_MX, TSEL) + args)], [4], [REGS])
+        for i in gl.static_range(2):
+            mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
+                                            q_smem.index(i))
+        # the ones tile of the tensor-core row sum (fp8_row P), by TMA (a ones tile stored to shared memory from registers
+        # gave row sums at half their value on the H200). Not with MXFP6 P: its partitions never read the tile, so the
+        # allocator gave its bytes to the partitions' captured arguments, and the late TMA write replaced the captured key
+        # count (kv_lens) with E4M3 ones: the partitions then waited for key tiles that were never loaded (a hang on the H200).
+        if not P_MX:
+            mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
+            tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
+        if KEY_TERM:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
+            v = -gl.load(QE + bh * (SQP // 128) + pid_m) - gl.load(KG + bh)
+            qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1, gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
+            mbarrier.expect(onesbar.index(1), qx_desc.block_type.nbytes, pred=n_tiles > 0)
+            tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem, pred=n_tiles > 0)
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN,
+                     KEY_TERM)
+
+        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc,
+                QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
+                WRITE_LSE, CAP, FLOOR, SIGMA)
+        # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, TERM_SEL, P_MX as constexprs)
+        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, TERM_SEL, P_MX, TSEL) + args),
+                            (_consumer, (gl.constexpr(1), KEY_TERM, TERM_SEL, P_MX, TSEL) + args)], [4], [REGS])

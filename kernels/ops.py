@@ -90,11 +90,12 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
         q_mean = token_mean(q)
     # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
-                              q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags)
+                              q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags, q_sel=q_sel)
     bias_eff = kx = kg = q_floor = None
     if bias is not None:  # the pre-pass wrote 0 for padded keys
         bias_eff, kx, kg, q_floor = key_term_operands(bias, ke, variant == GLUON_PINGPONG, INTERPRET, q_sel)
-    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean, floor=q_floor, flags=flags)
+    q8, qe, _ = prepare_qk(q, plan, scale * LOG2E, tile_ref=True, mean=q_mean, floor=q_floor, flags=flags,
+                           q_sel=q_sel)
     v8t, vs = prepare_v(v, plan, kv_lens, perm=True, flags=flags)
     return KernelOperands(q8, qe, k8, ke, v8t, vs, bias_eff, k_mean, kx, kg, q_sel)
 
@@ -168,16 +169,19 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         kx_desc = _fp8_desc(ops.kx, [BLOCK_N, KEY_TERM_COLS])
     else:  # unused (never loaded)
         qx_desc = kx_desc = ones_desc
-    fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
-        _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
-        _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), ones_desc, qx_desc, kx_desc,
-        qe, ke, vs, ops.kg if has_term else qe, ops.q_sel if term_sel else qe, out,
-        lse if lse is not None else stats, stats, tile_bits, nkw,
-        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
-        D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
-        FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
-        STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=has_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
-        num_warps=4)
+    # Q smoothing's per-slice switch: two launches, the slices without the term first, then those with it; in each,
+    # the programs of the other slices return at once
+    for key_term in ((False, True) if term_sel else (has_term,)):
+        fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
+            _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
+            _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), ones_desc, qx_desc, kx_desc,
+            qe, ke, vs, ops.kg if has_term else qe, ops.q_sel if term_sel else qe, out,
+            lse if lse is not None else stats, stats, tile_bits, nkw,
+            kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+            D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
+            FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
+            STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=key_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
+            num_warps=4)
     if nkw:
         stats[1] += _popcount(tile_bits).to(torch.int32)
 

@@ -67,7 +67,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
                        HW_CVT: tl.constexpr = False, STAGES: tl.constexpr = 1, MEAN=None, HAS_MEAN: tl.constexpr = False,
                        QMEAN=None, BIAS=None, bias_mult=1.0, HAS_BIAS: tl.constexpr = False, QFLOOR=None,
                        HAS_QFLOOR: tl.constexpr = False, FLAGS=None, HAS_FLAGS: tl.constexpr = False,
-                       FAST_ELEM: tl.constexpr = False):
+                       FAST_ELEM: tl.constexpr = False, QSEL=None, HAS_QSEL: tl.constexpr = False):
     """Persistent: program ``p`` of ``P`` quantizes the (row tile, batch x head) pairs ``t = p, p + P, ...`` of the
     ``N_TILES`` (row tiles fastest), loading the Hadamard matrix once."""
     cols = tl.arange(0, D)
@@ -78,7 +78,7 @@ def _qk_prepass_kernel(X, sxb, sxh, sxs, sxd, OUT, OUTE, HM, H, S, SP, rsqrt_d, 
         _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm if HAD else cols, H, S, SP, rsqrt_d, mult, t % n_s, t // n_s,
                  D, BS, HAD, ROUND_TWICE, RULE, T0, MBITS, EMIN, MAXV, EMAX, TILE_REF, DOT_F32, NAN_PAD, HAS_KVL, KVL,
                  HW_CVT, MEAN, HAS_MEAN, QMEAN, BIAS, bias_mult, HAS_BIAS, QFLOOR, HAS_QFLOOR, FLAGS, HAS_FLAGS,
-                 FAST_ELEM)
+                 FAST_ELEM, QSEL, HAS_QSEL)
 
 
 @triton.jit
@@ -88,14 +88,17 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
              MAXV: tl.constexpr, EMAX: tl.constexpr, TILE_REF: tl.constexpr,
              DOT_F32: tl.constexpr, NAN_PAD: tl.constexpr, HAS_KVL: tl.constexpr, KVL, HW_CVT: tl.constexpr,
              MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr, QFLOOR,
-             HAS_QFLOOR: tl.constexpr, FLAGS, HAS_FLAGS: tl.constexpr, FAST_ELEM: tl.constexpr):
+             HAS_QFLOOR: tl.constexpr, FLAGS, HAS_FLAGS: tl.constexpr, FAST_ELEM: tl.constexpr, QSEL,
+             HAS_QSEL: tl.constexpr):
     """One BS-row tile of one (batch, head): BF16 rounding, smoothing (``HAS_MEAN``: minus the token mean MEAN
     (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
     quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
     term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows. ``HAS_QFLOOR``
     (Q, one exponent per tile): the tile exponent is at least QFLOOR[bh] (sm90_numerics difference 9; an all-zero
     tile takes it). ``HAS_FLAGS``: FLAGS[bh] set to 1 when the tile's input holds a NaN or an inf
-    (kernels.nonfinite_flags' contract, keys past kv_lens left out)."""
+    (kernels.nonfinite_flags' contract, keys past kv_lens left out). ``HAS_QSEL``: Q smoothing's per-slice switch
+    QSEL (B * H) int32; where it is 0 the Q pass skips subtracting its (zero) mean and the K pass skips the (zero)
+    term, which the key-term pass does not read there."""
     # K with kv_lens: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent.
     x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
     if HAS_FLAGS:
@@ -105,12 +108,17 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         x = x.to(tl.float32)
     else:
         x = _bf16_value(x.to(tl.float32), HW_CVT)
+    q_on = 1
+    if HAS_QSEL:
+        q_on = tl.load(QSEL + bh)
     if HAS_MEAN:  # smoothing.subtract_mean; rows past the valid ones stay zero
-        mu = tl.load(MEAN + bh * D + cols)
-        x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
+        if HAS_BIAS or q_on != 0:  # K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
+            mu = tl.load(MEAN + bh * D + cols)
+            x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
     if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order)
-        qm = tl.load(QMEAN + bh * D + cols)
-        tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
+        if q_on != 0:
+            qm = tl.load(QMEAN + bh * D + cols)
+            tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
     if HAD:
         if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
             y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
@@ -245,7 +253,8 @@ def padded(n: int, tile: int) -> int:
 
 
 def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: bool, kv_lens=None,
-               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0, floor=None, flags=None):
+               nan_pad: bool = False, mean=None, q_mean=None, bias_mult: float = 1.0, floor=None, flags=None,
+               q_sel=None):
     """Q (``tile_ref=False``, per-row exponents) or K (``tile_ref=True``, one exponent per 128 keys).
 
     Parameters
@@ -268,6 +277,8 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     ``floor`` (B, H) int32, optional (``tile_ref``): the smallest tile exponent (sm90_numerics difference 9).
     ``flags`` (B * H,) int32, optional: set to 1 for the slices whose input (rows before ``kv_lens``) holds a NaN or
     an inf, as :func:`kernels.nonfinite_flags.flag_nonfinite` flags them (never cleared).
+    ``q_sel`` (B * H,) int32, optional: Q smoothing's per-slice switch (kernels.token_mean); where it is 0, Q's
+    ``mean`` (zero there) is not subtracted and K's bias rows are not written.
     """
     if floor is not None and not tile_ref:
         raise ValueError("prepare_qk: floor (the smallest tile exponent) needs tile_ref=True; accepted: floor=None "
@@ -292,7 +303,8 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
         bias_mult=float(bias_mult), HAS_BIAS=q_mean is not None,
         QFLOOR=floor.to(torch.int32).contiguous() if floor is not None else exps, HAS_QFLOOR=floor is not None,
         FLAGS=flags if flags is not None else exps, HAS_FLAGS=flags is not None, FAST_ELEM=FAST_ELEM_ROUNDING,
-        num_warps=QK_WARPS, **_max_regs(QK_MAX_REGS))
+        QSEL=q_sel if q_sel is not None else exps, HAS_QSEL=q_sel is not None, num_warps=QK_WARPS,
+        **_max_regs(QK_MAX_REGS))
     return out, exps, bias
 
 

@@ -126,6 +126,7 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
     "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q_min_ratio=0", KEY_TERM=True)),
     "gluon_pingpong_smooth_q_sel": (compile_gluon, dict(recipe="mxfp8", KEY_TERM=True, TERM_SEL=True)),
+    "gluon_pingpong_smooth_q_sel_off": (compile_gluon, dict(recipe="mxfp8", KEY_TERM=False, TERM_SEL=True)),
     "gluon_pingpong_mxfp6": (compile_gluon, dict(recipe="mxfp6", P_MX=True)),
     "gluon_pingpong_mxfp6_d64": (compile_gluon, dict(recipe="mxfp6", P_MX=True, d=64)),
     "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q_min_ratio=0", P_MX=True,
