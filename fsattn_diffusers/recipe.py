@@ -30,6 +30,11 @@ V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
 EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
 PROXIES = ("u32", "u16", "u8")
 NUMERICS = ("mi355x", "sm90")
+#: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default). CPU emulator study
+#: (benchmarks/results/q_smoothing_statistic_cpu.md): slices without a shared Q component give ~1/sqrt(S_q) (0.02 at
+#: 2048 queries), where smoothing moves the error by -0.13..+0.05 pp; Q offsets give 1.8-3.0, locality 0.21, an
+#: attention sink 0.35, where it helps.
+Q_SMOOTHING_MIN_RATIO = 0.1
 
 
 def _check_choice(field: str, value, accepted) -> None:
@@ -94,7 +99,10 @@ class Recipe:
         ``|q_mean| > ratio * rms_t |q_t - q_mean|`` (:func:`fsattn_diffusers.smoothing.q_smoothing_heads`, float64
         statistics of the BF16 values over all queries). The other slices keep Q as it is and skip the key term
         (their ``q_mean`` is taken as 0). ``0`` smooths every slice. Queries without a shared component give
-        about ``1 / sqrt(S_q)``; the presets use :data:`Q_SMOOTHING_MIN_RATIO`.
+        about ``1 / sqrt(S_q)``; the default is :data:`Q_SMOOTHING_MIN_RATIO`. Q smoothing, switched or not, makes a
+        query's output depend on the other queries of its slice (their mean, the switch), so it stays off in the
+        presets: padded query rows (HunyuanVideo's text padding) or a sequence split across GPUs would change the
+        numerics of the other rows.
     tile_m, tile_n : int
         Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
     qk_scale_rule, v_scale_rule, p_scale_rule : str or None
@@ -122,7 +130,7 @@ class Recipe:
     hadamard_signs: bool = False
     smooth_k: bool = False
     smooth_q: bool = False
-    smooth_q_min_ratio: float = 0.0
+    smooth_q_min_ratio: float = Q_SMOOTHING_MIN_RATIO
     tile_m: int = TILE_M
     tile_n: int = TILE_N
     qk_scale_rule: Optional[str] = None
@@ -185,13 +193,8 @@ class Recipe:
 
 
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
-#: Q smoothing's per-slice switch in the presets (``Recipe.smooth_q_min_ratio``). CPU emulator study
-#: (benchmarks/results/q_smoothing_statistic_cpu.md): slices without a shared Q component give ~1/sqrt(S_q) (0.02 at
-#: 2048 queries), where smoothing moves the error by -0.13..+0.05 pp; Q offsets give 1.8-3.0, locality 0.21, an
-#: attention sink 0.35, where it helps.
-Q_SMOOTHING_MIN_RATIO = 0.1
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7).
-ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True, smooth_q_min_ratio=Q_SMOOTHING_MIN_RATIO)
+ROBUST = dict(hadamard_signs=True, smooth_k=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering.

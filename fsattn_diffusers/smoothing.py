@@ -10,6 +10,7 @@ host code, so both see the same means, bias and LSE correction bit for bit on on
 
 from __future__ import annotations
 
+import struct
 from typing import Optional
 
 import torch
@@ -78,7 +79,7 @@ def q_smoothing_heads(q: torch.Tensor, min_ratio: float) -> torch.Tensor:
     mu = _token_sum(q)[:, :, 0] / s
     ms = _token_sum(q, squares=True)[:, :, 0].sum(dim=-1) / s
     mm = (mu * mu).sum(dim=-1)
-    ratio2 = float(torch.tensor(min_ratio * min_ratio, dtype=torch.float32))  # as the kernel takes it (an fp32 scalar)
+    ratio2 = struct.unpack("<f", struct.pack("<f", min_ratio * min_ratio))[0]  # as the kernel takes it (fp32)
     return mm > ratio2 * (ms - mm)
 
 

@@ -200,32 +200,19 @@ def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN:
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, TERM_SEL: gl.constexpr, P_MX: gl.constexpr, TSEL, q_smem,
-              qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE,
-              KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-              WRITE_LSE, CAP, FLOOR, SIGMA):
-    """A partition's entry: :func:`_warpgroup` with the key term or, with ``TERM_SEL``, with it on the slices that
-    Q smoothing's switch selects (``TSEL[bh]`` != 0) and without it on the others: two copies of the key loop, one
-    runtime branch per program, so a slice without the term runs the loop of a recipe without Q smoothing."""
-    _warpgroup(WG, KEY_TERM, P_MX, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem,
-               k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos,
-               sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
-
-
-@gluon.jit
-def _warpgroup(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
-               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
-               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
+def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
+              empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
+              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
     ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a second, K = 32 wgmma chained on it,
     ``S_j += Qx Kx_j^T`` (sm90_numerics difference 9; ``qx_smem`` the query tile's power of two, ``kx_smem`` the
     key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
     row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
-    Both partitions run this function (through :func:`_consumer`); ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as
-    ``gl.constexpr`` arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``,
-    ``FLOOR``, ``SIGMA`` arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never) lowers
-    the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
+    Both partitions run this function; ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
+    tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as
+    runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never)
+    lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
@@ -379,8 +366,9 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
         int32 the shift G: the tile ``2^(-QE - G)`` is loaded, or the zero tile below 2^QX_MIN_LOG2.
     kx_desc : (``KEY_TERM``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
     Without ``KEY_TERM`` both may be any descriptor (ones_desc); they are not read.
-    TSEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch (kernels.token_mean): slices with 0 load neither
-        Qx nor Kx and run the key loop without the term (their term is 0).
+    TSEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch (kernels.token_mean). The host launches the
+        kernel twice, ``KEY_TERM`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``KEY_TERM``
+        returns before any work, so each slice runs the key loop of its setting (the term is 0 where TSEL is 0).
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -422,25 +410,28 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
             mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
             tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
                                             q_smem.index(i))
-        # the ones tile of the tensor-core row sum (fp8_row P), by TMA (a ones tile stored to shared memory from registers
-        # gave row sums at half their value on the H200). Not with MXFP6 P: its partitions never read the tile, so the
-        # allocator gave its bytes to the partitions' captured arguments, and the late TMA write replaced the captured key
-        # count (kv_lens) with E4M3 ones: the partitions then waited for key tiles that were never loaded (a hang on the H200).
+        # the ones tile of the tensor-core row sum (fp8_row P), by TMA (a ones tile stored to shared memory from
+        # registers gave row sums at half their value on the H200). Not with MXFP6 P: its partitions never read the
+        # tile, so the allocator gave its bytes to the partitions' captured arguments, and the late TMA write replaced
+        # the captured key count (kv_lens) with E4M3 ones: the partitions then waited for key tiles that were never
+        # loaded (a hang on the H200).
         if not P_MX:
             mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
             tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
         if KEY_TERM:  # the query tile's Qx = 2^(-QE - G) (sm90_numerics difference 9), or the zero tile
             v = -gl.load(QE + bh * (SQP // 128) + pid_m) - gl.load(KG + bh)
-            qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1, gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
+            qx_tile = gl.where(v < QX_MIN_LOG2, QX_MAX_LOG2 - QX_MIN_LOG2 + 1,
+                               gl.minimum(v, QX_MAX_LOG2) - QX_MIN_LOG2)
             mbarrier.expect(onesbar.index(1), qx_desc.block_type.nbytes, pred=n_tiles > 0)
-            tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem, pred=n_tiles > 0)
+            tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem,
+                                            pred=n_tiles > 0)
         for i in gl.static_range(STAGES):
             _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN,
                      KEY_TERM)
 
-        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc,
-                QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP,
-                WRITE_LSE, CAP, FLOOR, SIGMA)
-        # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, TERM_SEL, P_MX as constexprs)
-        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, TERM_SEL, P_MX, TSEL) + args),
-                            (_consumer, (gl.constexpr(1), KEY_TERM, TERM_SEL, P_MX, TSEL) + args)], [4], [REGS])
+        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc,
+                kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP,
+                SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+        # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX as constexprs)
+        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX) + args),
+                            (_consumer, (gl.constexpr(1), KEY_TERM, P_MX) + args)], [4], [REGS])

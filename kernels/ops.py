@@ -90,7 +90,7 @@ def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Ten
         q_mean = token_mean(q)
     # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
-                              q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags, q_sel=q_sel)
+                              q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags)
     bias_eff = kx = kg = q_floor = None
     if bias is not None:  # the pre-pass wrote 0 for padded keys
         bias_eff, kx, kg, q_floor = key_term_operands(bias, ke, variant == GLUON_PINGPONG, INTERPRET, q_sel)

@@ -97,8 +97,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
     (Q, one exponent per tile): the tile exponent is at least QFLOOR[bh] (sm90_numerics difference 9; an all-zero
     tile takes it). ``HAS_FLAGS``: FLAGS[bh] set to 1 when the tile's input holds a NaN or an inf
     (kernels.nonfinite_flags' contract, keys past kv_lens left out). ``HAS_QSEL``: Q smoothing's per-slice switch
-    QSEL (B * H) int32; where it is 0 the Q pass skips subtracting its (zero) mean and the K pass skips the (zero)
-    term, which the key-term pass does not read there."""
+    QSEL (B * H) int32; where it is 0 the Q pass skips subtracting its (zero) mean."""
     # K with kv_lens: rows at or past kv_lens[b] are zero, so they cannot raise the key tile's reference exponent.
     x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
     if HAS_FLAGS:
@@ -115,10 +114,10 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         if HAS_BIAS or q_on != 0:  # K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
             mu = tl.load(MEAN + bh * D + cols)
             x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
-    if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order)
-        if q_on != 0:
-            qm = tl.load(QMEAN + bh * D + cols)
-            tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
+    if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order; 0 on the slices the switch leaves out, whose
+        # q_mean is 0: not gated, a branch here spilled ~370 bytes under the 128-register cap)
+        qm = tl.load(QMEAN + bh * D + cols)
+        tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
     if HAD:
         if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
             y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
@@ -278,7 +277,7 @@ def prepare_qk(x: torch.Tensor, plan: KernelPlan, multiplier: float, tile_ref: b
     ``flags`` (B * H,) int32, optional: set to 1 for the slices whose input (rows before ``kv_lens``) holds a NaN or
     an inf, as :func:`kernels.nonfinite_flags.flag_nonfinite` flags them (never cleared).
     ``q_sel`` (B * H,) int32, optional: Q smoothing's per-slice switch (kernels.token_mean); where it is 0, Q's
-    ``mean`` (zero there) is not subtracted and K's bias rows are not written.
+    ``mean`` (zero there) is not subtracted (Q only).
     """
     if floor is not None and not tile_ref:
         raise ValueError("prepare_qk: floor (the smallest tile exponent) needs tile_ref=True; accepted: floor=None "

@@ -18,7 +18,7 @@ from .common import load_slice_rows, round_bf16
 
 # Tokens per program of the partial sums (32 programs per (batch, head) at S = 32768), rows per load.
 CHUNK = 1024
-ROWS = 64
+ROWS = 16
 WARPS = 4
 # Chunks the finishing kernel adds per step.
 FINISH_CHUNKS = 16
@@ -33,8 +33,8 @@ def _token_sum_kernel(X, sxb, sxh, sxs, sxd, KVL, PART, PART2, H, S, N_CHUNKS,
     ``PART2[bh, c, :]``."""
     c = tl.program_id(0)
     bh = tl.program_id(1)
-    acc = tl.zeros((D,), tl.float64)
-    acc2 = tl.zeros((D,), tl.float64)
+    acc = tl.zeros((BS, D), tl.float64)  # one partial sum per row slot, reduced once at the end (a reduction across
+    acc2 = tl.zeros((BS, D), tl.float64)  # the rows after every load synchronized the warps each step)
     for i in tl.static_range(CHUNK // BS):
         x, _, _ = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, c * (CHUNK // BS) + i, bh, BS, D, HAS_KVL)
         if X.dtype.element_ty == tl.bfloat16:
@@ -42,12 +42,12 @@ def _token_sum_kernel(X, sxb, sxh, sxs, sxd, KVL, PART, PART2, H, S, N_CHUNKS,
         else:  # nearest-even BF16 by bit arithmetic (the same on the GPU and in the interpreter)
             x = round_bf16(x.to(tl.float32))
         x = x.to(tl.float64)
-        acc += tl.sum(x, axis=0)
+        acc += x
         if SQUARES:
-            acc2 += tl.sum(x * x, axis=0)
-    tl.store(PART + (bh.to(tl.int64) * N_CHUNKS + c) * D + tl.arange(0, D), acc)
+            acc2 += x * x
+    tl.store(PART + (bh.to(tl.int64) * N_CHUNKS + c) * D + tl.arange(0, D), tl.sum(acc, axis=0))
     if SQUARES:
-        tl.store(PART2 + (bh.to(tl.int64) * N_CHUNKS + c) * D + tl.arange(0, D), acc2)
+        tl.store(PART2 + (bh.to(tl.int64) * N_CHUNKS + c) * D + tl.arange(0, D), tl.sum(acc2, axis=0))
 
 
 @triton.jit

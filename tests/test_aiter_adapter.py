@@ -53,15 +53,14 @@ def test_recipes_map_to_aiter_calls(fake_aiter, recipe, fn, formats, paper):
     """The paper presets reach AITER's kernels with the inputs as they are; the default presets with K smoothed and
     the channel signs of the signed rotation applied on the host (AITER's kernel rotates by H itself)."""
     g = torch.Generator().manual_seed(0)
-    # 400 queries: Q's token mean of Gaussian queries, ~1/sqrt(400) of their spread, leaves Q smoothing off
-    q = torch.randn(1, 400, 2, 128, generator=g)
-    k = torch.randn(1, 400, 2, 128, generator=g) + 3.0  # a shared offset, for K smoothing to remove
+    q = torch.randn(1, 40, 2, 128, generator=g)
+    k = torch.randn(1, 40, 2, 128, generator=g) + 3.0  # a shared offset, for K smoothing to remove
     before = (q.clone(), k.clone())
     name_ = recipe + ("-paper" if paper else "")
     out = fa.attention(q, k, k, name_, backend="aiter", scale=0.07)
     name, q_seen, fmts, scale, k_seen = fake_aiter[-1]
     assert (name, fmts, scale) == (fn, formats, 0.07)
-    assert q_seen.dtype == torch.bfloat16 and q_seen.is_contiguous() and q_seen.shape == (1, 400, 2, 128)
+    assert q_seen.dtype == torch.bfloat16 and q_seen.is_contiguous() and q_seen.shape == (1, 40, 2, 128)
     signs = torch.ones(128) if paper else rotation_signs(128)
     k_host = k.bfloat16().float()
     if not paper:  # what the emulator subtracts (smoothing.smooth_inputs), on the BHSD view
@@ -83,8 +82,8 @@ def test_mxfp8_falls_back_to_mha_v4_formats_without_the_old_entry(fake_aiter):
 
 @pytest.mark.parametrize("kwargs,why", [
     (dict(recipe=fa.PRESETS["mxfp8"].replace(proxy="u32")), "AITER runs only the presets"),
-    (dict(recipe="mxfp8+smooth_q_min_ratio=0"), "Q smoothing selects 2 of 2"),
-    (dict(recipe="mxfp8", offset=3.0), "Q smoothing selects 2 of 2"),
+    (dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0"), "Q smoothing selects 2 of 2"),
+    (dict(recipe="mxfp8+smooth_q", offset=3.0), "Q smoothing selects 2 of 2"),
     (dict(kv_lens=[20]), "key-padding"),
     (dict(return_lse=True), "no LSE"),
 ])

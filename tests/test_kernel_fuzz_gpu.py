@@ -37,7 +37,8 @@ pytestmark = pytest.mark.gpu
 #: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (its key term, chained on
 #: the score GEMM in gluon_pingpong: with fp8_row P and the lowering gate, and with MXFP6 P).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
-                ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q_min_ratio=0", "mxfp6+smooth_q_min_ratio=0")
+                ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q+smooth_q_min_ratio=0",
+                     "mxfp6+smooth_q+smooth_q_min_ratio=0", "mxfp8+smooth_q")
 FUZZ_VARIANTS = VARIANTS + ("api",)
 
 

@@ -77,7 +77,7 @@ def _check(name, q, k, v, recipe, variant, kv=None):
 
 
 @pytest.mark.parametrize("variant", VARIANTS)
-@pytest.mark.parametrize("recipe", ["mxfp8+smooth_q_min_ratio=0", "mxfp6+smooth_q_min_ratio=0"])
+@pytest.mark.parametrize("recipe", ["mxfp8+smooth_q+smooth_q_min_ratio=0", "mxfp6+smooth_q+smooth_q_min_ratio=0"])
 @pytest.mark.parametrize("family,d", [("offset_uniform_q", 128), ("offset_direction_qk", 64), ("gaussian", 128),
                                       ("attention_sink", 128)])
 def test_the_key_term_matches_the_reference(family, d, recipe, variant):
@@ -93,8 +93,8 @@ def test_the_key_term_with_kv_lens(variant):
     k2, v2 = k.clone(), v.clone()
     k2[1, :, 333:] = 1e4  # garbage past kv_lens: must not move K's mean, the term or its shift G
     v2[1, :, 333:] = -1e4
-    ops = _check("offset_uniform_qk", q, k2, v2, "mxfp8+smooth_q_min_ratio=0", variant, kv)
-    ops_clean = _kernel(q, k, v, "mxfp8+smooth_q_min_ratio=0", kv, variant)[3]
+    ops = _check("offset_uniform_qk", q, k2, v2, "mxfp8+smooth_q+smooth_q_min_ratio=0", variant, kv)
+    ops_clean = _kernel(q, k, v, "mxfp8+smooth_q+smooth_q_min_ratio=0", kv, variant)[3]
     assert torch.equal(ops.kg, ops_clean.kg) and torch.equal(ops.bias, ops_clean.bias)
 
 
@@ -108,7 +108,7 @@ def test_near_identical_queries_take_the_floor(jitter, variant):
     q = (base + jitter * torch.randn(1, 2, 300, 128, generator=g)).bfloat16().to(DEV)
     k = torch.randn(1, 2, 500, 128, generator=g).bfloat16().to(DEV)
     v = torch.randn(1, 2, 500, 128, generator=g).bfloat16().to(DEV)
-    ops = _check(f"near-identical queries (jitter {jitter})", q, k, v, "mxfp8+smooth_q_min_ratio=0", variant)
+    ops = _check(f"near-identical queries (jitter {jitter})", q, k, v, "mxfp8+smooth_q+smooth_q_min_ratio=0", variant)
     floor = (-ops.kg - sm90_numerics.QX_MAX_LOG2).view(1, 2, 1)
     assert bool((ops.qe >= floor).all()) and bool((ops.qe == floor).any())  # the floor is reached
 
@@ -118,11 +118,11 @@ def test_a_query_tile_far_above_the_term_drops_it(variant):
     """A query tile 2^16 larger than the other (pairs of opposite rows, so Q's mean stays): 2^(-QE - G) is below
     E4M3 there, so that tile drops the term and the other keeps it, as the reference does."""
     q, k, v = query_tile_far_above(device=DEV)
-    recipe = get_recipe("mxfp8+smooth_q_min_ratio=0").replace(numerics="sm90")
+    recipe = get_recipe("mxfp8+smooth_q+smooth_q_min_ratio=0").replace(numerics="sm90")
     qs, ks, bias, _ = smooth_inputs(q, k, recipe, 128 ** -0.5)
     kept = numerics_for(recipe).operands(qs, ks, v, 128 ** -0.5, None, bias)[-1]
     assert kept[0, 0, :128].all() and not kept[0, 0, 128:].any()
-    _check("one query tile 2^16 above", q, k, v, "mxfp8+smooth_q_min_ratio=0", variant)
+    _check("one query tile 2^16 above", q, k, v, "mxfp8+smooth_q+smooth_q_min_ratio=0", variant)
 
 
 # 20096 keys: the two mxfp8+smooth_q fuzz cases that leave the 2% rule on the H200 have 20000 (benchmarks/NOTES.md §9)
@@ -152,7 +152,7 @@ def test_the_pre_pass_carries_the_reference_term(variant):
     if CPU_INTERPRET and variant == "gluon_pingpong":
         pytest.skip("the gluon operands are built for a GPU launch")
     q, k, v = FAMILIES["offset_uniform_q"](1, 2, 1000, 128, torch.bfloat16, DEV, 4)
-    recipe = get_recipe("mxfp8+smooth_q_min_ratio=0")
+    recipe = get_recipe("mxfp8+smooth_q+smooth_q_min_ratio=0")
     scale = 128 ** -0.5
     ops = prepass(q, k, v, plan_for(recipe), scale, None, variant=variant)
     qs, ks, bias, _ = smooth_inputs(q, k, recipe, scale)
@@ -183,16 +183,16 @@ def _mixed_heads(b=1, h=4, s_q=640, s_k=520, d=128, seed=11):
 @pytest.mark.parametrize("variant", VARIANTS)
 @pytest.mark.parametrize("name", ["mxfp8", "mxfp6"])
 def test_the_switch_gives_each_head_the_kernel_output_of_its_setting(name, variant):
-    """The default presets' per-slice switch (Recipe.smooth_q_min_ratio): the heads it leaves out get the bits of the
-    recipe without Q smoothing, the heads it takes those of Q smoothing on every slice; against the sm90 reference
-    within the rule."""
+    """Q smoothing's per-slice switch (``+smooth_q``, Recipe.smooth_q_min_ratio): the heads it leaves out get the
+    bits of the recipe without Q smoothing, the heads it takes those of Q smoothing on every slice; against the sm90
+    reference within the rule."""
     q, k, v = _mixed_heads()
     kv = torch.tensor([400], dtype=torch.int32, device=DEV)
-    ops = _check("mixed heads", q, k, v, name, variant, kv)
+    ops = _check("mixed heads", q, k, v, name + "+smooth_q", variant, kv)
     assert ops.q_sel.tolist() == [0, 1, 0, 1]
-    auto = _kernel(q, k, v, name, kv, variant)
+    auto = _kernel(q, k, v, name + "+smooth_q", kv, variant)
     off = _kernel(q, k, v, name + "+smooth_q=false", kv, variant)
-    on = _kernel(q, k, v, name + "+smooth_q_min_ratio=0", kv, variant)
+    on = _kernel(q, k, v, name + "+smooth_q+smooth_q_min_ratio=0", kv, variant)
     for heads, other, label in ((slice(0, None, 2), off, "off"), (slice(1, None, 2), on, "every slice")):
         d_out = float((auto[0][:, heads].float() - other[0][:, heads].float()).abs().max())
         d_lse = float((auto[1][:, heads] - other[1][:, heads]).abs().max())

@@ -109,7 +109,7 @@ def test_token_mean_kernel_leaves_its_input_alone_and_ignores_garbage_past_kv_le
     assert torch.equal(noisy.view(torch.int16), before.view(torch.int16))
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4", "mxfp8+smooth_q_min_ratio=0", "mxfp8-paper"])
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4", "mxfp8+smooth_q+smooth_q_min_ratio=0", "mxfp8-paper"])
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
 def test_prepass_flags_equal_the_pytorch_detector_and_leave_the_operands_alone(recipe, dtype):
     q, k, v = (t.to(dtype) for t in make(3, 4, 70, 200, 64, "bshd", seed=5))

@@ -13,7 +13,7 @@ from fsattn_diffusers.recipe import get_recipe
 from fsattn_diffusers.testing import exact_attention, relative_error
 from tile_patterns import query_tile_far_above
 
-SMOOTH_Q = "mxfp8+smooth_q_min_ratio=0"
+SMOOTH_Q = "mxfp8+smooth_q+smooth_q_min_ratio=0"
 
 
 def _bias_and_ke(seed=0, scales=(1e-3, 5.0, 300.0), s_k=300):

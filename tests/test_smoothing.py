@@ -8,7 +8,7 @@ import torch
 import fsattn_diffusers as fa
 from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.hadamard import hadamard_matrix, rotation_signs
-from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO, ROBUST, ROBUST_P, Recipe
+from fsattn_diffusers.recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO, ROBUST, ROBUST_P
 from fsattn_diffusers.smoothing import q_smoothing_heads, token_mean
 from fsattn_diffusers.testing import exact_attention
 
@@ -75,8 +75,7 @@ def test_robust_presets_and_paper_presets():
         assert not (paper.smooth_k or paper.smooth_q or paper.hadamard_signs)
         per_p = ROBUST_P[robust.p_format]
         assert all(getattr(robust, f) == v for f, v in per_p.items())
-        plain = {f: getattr(Recipe(), f) for f in ROBUST}  # the paper's values: the dataclass defaults
-        assert robust.replace(**plain, **{f: None for f in per_p}, name=paper.name) == paper
+        assert robust.replace(**{f: False for f in ROBUST}, **{f: None for f in per_p}, name=paper.name) == paper
 
 
 def test_rotation_signs_are_fixed_and_orthogonal():
@@ -107,15 +106,15 @@ def test_shared_offsets_no_longer_break_mxfp8():
 
 
 def test_recipe_names_with_changes():
-    r = fa.get_recipe("mxfp8-paper+smooth_q")
-    assert r.smooth_q and r.name == "mxfp8-paper+smooth_q"
-    assert r.replace(smooth_q=False, name="mxfp8-paper") == PRESETS["mxfp8-paper"]
-    r = fa.get_recipe("mxfp8+smooth_q_min_ratio=0")
-    assert r.smooth_q and r.smooth_q_min_ratio == 0.0 and PRESETS["mxfp8"].smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO
+    r = fa.get_recipe("mxfp8+smooth_q")
+    assert r.smooth_q and r.name == "mxfp8+smooth_q" and r.replace(smooth_q=False, name="mxfp8") == PRESETS["mxfp8"]
+    assert r.smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO
+    r = fa.get_recipe("mxfp8+smooth_q+smooth_q_min_ratio=0")
+    assert r.smooth_q and r.smooth_q_min_ratio == 0.0
     r = fa.get_recipe("mxfp8-paper+proxy=u32+rollback_cap_log2=24")
     assert (r.proxy, r.rollback_cap_log2, r.smooth_k) == ("u32", 24, False)
-    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=False)
-    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=False+qk_scale_rule=floor"
+    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=True)
+    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=True+qk_scale_rule=floor"
     assert fa.get_recipe(derived.name) == derived  # a derived name parses back into the same recipe
     for bad, msg in (("mxfp8+nosuch", "unknown Recipe field"), ("nope", "unknown recipe"),
                      ("mxfp8+smooth_q=maybe", "not a bool"), ("mxfp8+tile_n=x", "not an integer"),
@@ -148,13 +147,13 @@ def test_q_smoothing_selects_the_heads_with_a_shared_query_component():
 @pytest.mark.parametrize("numerics", ["mi355x", "sm90"])
 @pytest.mark.parametrize("name", ["mxfp8", "mxfp6"])
 def test_the_switch_gives_each_head_the_output_of_its_setting(name, numerics):
-    """Default preset (switch at 0.1) = Q smoothing off on heads 0/2 and on every slice on heads 1/3, bit for bit."""
+    """``+smooth_q`` (the switch at 0.1) = Q smoothing off on heads 0/2 and on every slice on heads 1/3, bit for bit."""
     q, k, v = _mixed_heads()
     scale = 128 ** -0.5
     run = lambda r: emulate_attention(q, k, v, r.replace(numerics=numerics), scale=scale, return_lse=True)[:2]  # noqa
-    auto, lse = run(PRESETS[name])
-    off, lse_off = run(PRESETS[name].replace(smooth_q=False))
-    on, lse_on = run(PRESETS[name].replace(smooth_q_min_ratio=0.0))
+    auto, lse = run(PRESETS[name].replace(smooth_q=True))
+    off, lse_off = run(PRESETS[name])
+    on, lse_on = run(PRESETS[name].replace(smooth_q=True, smooth_q_min_ratio=0.0))
     ref, _ = _exact(q, k, v, scale)
     err = lambda o, hs: float((o[:, hs].double() - ref[:, hs]).norm() / ref[:, hs].norm())  # noqa
     print(f"{name}/{numerics}: offset heads: switch {err(auto, [1, 3]):.4f}, off {err(off, [1, 3]):.4f}, "

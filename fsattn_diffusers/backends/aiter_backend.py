@@ -26,7 +26,7 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ..hadamard import rotation_signs
-from ..recipe import PAPER_SUFFIX, PRESETS
+from ..recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO
 from ..smoothing import q_smoothing_heads, subtract_mean, token_mean
 from .registry import Backend, register_backend
 
@@ -56,7 +56,7 @@ def _available(device) -> Optional[str]:
 
 #: Recipe fields the adapter honours around AITER's kernel (see the module docstring), with the paper's values.
 HOST_FIELDS = dict(smooth_k=False, hadamard_signs=False, rollback_floor_log2=None, smooth_q=False,
-                   smooth_q_min_ratio=0.0)
+                   smooth_q_min_ratio=Q_SMOOTHING_MIN_RATIO)
 
 
 def preset_of(recipe) -> Optional[str]:

@@ -34,7 +34,8 @@ BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin"
 TARGET = GPUTarget("cuda", 90, 32)
 # Argument types by name (both kernels); pointers and padded lengths/strides get a real launch's divisibility by 16.
 TYPES = {"Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8T": "*fp8e4nv", "QE": "*i32", "KE": "*i32", "VS": "*fp32",
-         "BIAS": "*fp32", "KG": "*i32", "TSEL": "*i32", "OUT": "*bf16", "LSE": "*fp32", "STATS": "*i32", "FLAGS": "*i32", "KVL": "*i32",
+         "BIAS": "*fp32", "KG": "*i32", "TSEL": "*i32",
+         "OUT": "*bf16", "LSE": "*fp32", "STATS": "*i32", "FLAGS": "*i32", "KVL": "*i32",
          "NKW": "i32", "sob": "i32", "soh": "i32", "sos": "i32", "sod": "i32", "H": "i32", "SQ": "i32", "SK": "i32",
          "SQP": "i32", "SKP": "i32"}
 DIV16 = ("SQP", "SKP", "sob", "soh", "sos")
@@ -124,14 +125,14 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
-    "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q_min_ratio=0", KEY_TERM=True)),
+    "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", KEY_TERM=True)),
     "gluon_pingpong_smooth_q_sel": (compile_gluon, dict(recipe="mxfp8", KEY_TERM=True, TERM_SEL=True)),
     "gluon_pingpong_smooth_q_sel_off": (compile_gluon, dict(recipe="mxfp8", KEY_TERM=False, TERM_SEL=True)),
     "gluon_pingpong_mxfp6": (compile_gluon, dict(recipe="mxfp6", P_MX=True)),
     "gluon_pingpong_mxfp6_d64": (compile_gluon, dict(recipe="mxfp6", P_MX=True, d=64)),
-    "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q_min_ratio=0", P_MX=True,
+    "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q+smooth_q_min_ratio=0", P_MX=True,
                                                           KEY_TERM=True)),
-    "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q_min_ratio=0", HAS_BIAS=True)),
+    "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", HAS_BIAS=True)),
 }
 
 
