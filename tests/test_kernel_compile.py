@@ -31,3 +31,16 @@ def test_the_key_count_is_never_a_compile_time_constant():
         pytest.skip("Triton's interpreter: no specialization")
     assert params["SK"].do_not_specialize
     assert not params["SQP"].do_not_specialize  # the rest keep Triton's specialization
+
+
+@pytest.mark.parametrize("switched,plain", [("gluon_pingpong_smooth_q_sel_off", "gluon_pingpong"),
+                                            ("gluon_pingpong_smooth_q_sel", "gluon_pingpong_smooth_q")])
+def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
+    """Q smoothing's per-slice switch launches gluon_pingpong once per setting with a per-program early return
+    (``TERM_SEL``): its key loops must be the single-setting kernel's, instruction for instruction by opcode."""
+    counts = {}
+    for name in (switched, plain):
+        fn, kwargs = kernel_sass.CONFIGS[name]
+        counts[name] = [dict(body) for _, body, _ in kernel_sass.loops(kernel_sass.sass_text(fn(**kwargs)))]
+    print({n: [sum(c.values()) for c in v] for n, v in counts.items()})
+    assert counts[switched] == counts[plain]
