@@ -79,8 +79,13 @@ def q_smoothing_heads(q: torch.Tensor, min_ratio: float) -> torch.Tensor:
     mu = _token_sum(q)[:, :, 0] / s
     ms = _token_sum(q, squares=True)[:, :, 0].sum(dim=-1) / s
     mm = (mu * mu).sum(dim=-1)
-    ratio2 = struct.unpack("<f", struct.pack("<f", min_ratio * min_ratio))[0]  # as the kernel takes it (fp32)
-    return mm > ratio2 * (ms - mm)
+    return mm > q_smoothing_ratio2(min_ratio) * (ms - mm)
+
+
+def q_smoothing_ratio2(min_ratio: float) -> float:
+    """``float32(min_ratio^2)``: the threshold of :func:`q_smoothing_heads` as the GPU kernel takes it (an fp32
+    scalar; ``KernelPlan.smooth_q_ratio2``)."""
+    return struct.unpack("<f", struct.pack("<f", min_ratio * min_ratio))[0]
 
 
 def subtract_mean(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:

@@ -171,10 +171,12 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         qx_desc = kx_desc = ones_desc
     # Q smoothing's per-slice switch: two launches, the slices without the term first, then those with it; in each,
     # the programs of the other slices return at once
+    q_desc, k_desc = _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d),
+                                                                                       [BLOCK_N, d])
+    v_desc = _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N])
     for key_term in ((False, True) if term_sel else (has_term,)):
         fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
-            _fp8_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d]), _fp8_desc(k8.view(b * h * skp, d), [BLOCK_N, d]),
-            _fp8_desc(v8t.view(b * h * d, skp), [d, BLOCK_N]), ones_desc, qx_desc, kx_desc,
+            q_desc, k_desc, v_desc, ones_desc, qx_desc, kx_desc,
             qe, ke, vs, ops.kg if has_term else qe, ops.q_sel if term_sel else qe, out,
             lse if lse is not None else stats, stats, tile_bits, nkw,
             kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,

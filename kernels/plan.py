@@ -22,6 +22,7 @@ from typing import Optional
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.formats import DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, SCALE_RULES
+from fsattn_diffusers.smoothing import q_smoothing_ratio2
 
 # Element format codes shared by the Triton kernels.
 FMT_E4M3, FMT_E2M3, FMT_E2M1 = 0, 1, 2
@@ -87,8 +88,8 @@ class KernelPlan:
 
     @property
     def smooth_q_ratio2(self) -> float:
-        """``float32(Recipe.smooth_q_min_ratio^2)``, the threshold of :func:`kernels.token_mean.token_mean` (0: every
-        slice is smoothed)."""
+        """:func:`fsattn_diffusers.smoothing.q_smoothing_ratio2` of ``Recipe.smooth_q_min_ratio``, the threshold of
+        :func:`kernels.token_mean.token_mean` (0: every slice is smoothed)."""
         return struct.unpack("<f", struct.pack("<I", self.smooth_q_ratio2_bits))[0]
 
     @property
@@ -151,7 +152,7 @@ def plan_for(recipe) -> KernelPlan:
         smooth_q=recipe.smooth_q,
         h15=recipe.exponential == "rowmax_h15",
         gate_floor=(recipe.rollback_floor_log2 or 0) if recipe.rollback else 0,
-        smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", recipe.smooth_q_min_ratio ** 2))[0]
+        smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", q_smoothing_ratio2(recipe.smooth_q_min_ratio)))[0]
                               if recipe.smooth_q else 0),
     )
 

@@ -111,7 +111,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
     if HAS_QSEL:
         q_on = tl.load(QSEL + bh)
     if HAS_MEAN:  # smoothing.subtract_mean; rows past the valid ones stay zero
-        if HAS_BIAS or q_on != 0:  # K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
+        if q_on != 0:  # QSEL is Q's: K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
             mu = tl.load(MEAN + bh * D + cols)
             x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
     if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order; 0 on the slices the switch leaves out, whose
