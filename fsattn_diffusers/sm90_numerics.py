@@ -42,8 +42,10 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    (masked keys give 0 after the rounding).
 
 9. **Q smoothing's key term on the tensor cores (``smooth_q``).** The per-key term ``b_j = alpha log2e (q_mean . k_j)``
-   is not added to every score: it enters the score GEMM as a second, K = 32 wgmma chained on ``S_j``,
-   ``S_j += Qx_t Kx_j^T`` (:func:`key_term`). ``Kx_j`` holds ``x_j = b_j 2^(G - KE_j)`` as E4M3 terms (28 copies of
+   is not added to every score: it enters the score GEMM as a K = 32 wgmma on which ``Q K_j^T`` is chained,
+   ``S_j = Qx_t Kx_j^T + Q K_j^T`` (:func:`key_term`; the term first, into a zero accumulator: the FP8 accumulation
+   keeps ~13 bits below the largest exponent it adds, and chained onto the scores it cut a small term's 28 equal lead
+   products alike). ``Kx_j`` holds ``x_j = b_j 2^(G - KE_j)`` as E4M3 terms (28 copies of
    ``E4M3(x_j / 28)`` and four E4M3 refinements of the remainder, relative error below ~2^-20 of the head's largest
    term), ``G`` one shift per (batch, head) that puts the largest ``|x_j|`` within the terms' capacity; ``Qx_t`` is
    ``2^(-QE_t - G)`` in every column, an exact E4M3 power of two for ``-QE_t - G`` in [-9, 8]. Two rules keep it so:

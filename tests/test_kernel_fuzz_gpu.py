@@ -34,8 +34,8 @@ from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, eff
 from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-#: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (its key term, chained on
-#: the score GEMM in gluon_pingpong: with fp8_row P and the lowering gate, and with MXFP6 P).
+#: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (its key term, a wgmma the
+#: score GEMM is chained on in gluon_pingpong: with fp8_row P and the lowering gate, and with MXFP6 P).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
                 ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q+smooth_q_min_ratio=0",
                      "mxfp6+smooth_q+smooth_q_min_ratio=0", "mxfp8+smooth_q")
