@@ -219,10 +219,10 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
-    ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a K = 32 wgmma on which the score GEMM is chained,
-    ``S_j = Qx Kx_j^T + Q K_j^T`` (:func:`_issue_scores`; sm90_numerics difference 9; ``qx_smem`` the query tile's power of two, ``kx_smem`` the
-    key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P (kernels.gluon_mxfp6_p; the
-    row sum in registers), else fp8_row P (the row sum on the tensor cores).
+    ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a K = 32 wgmma the score GEMM is chained on,
+    ``S_j = Qx Kx_j^T + Q K_j^T`` (:func:`_issue_scores`; sm90_numerics difference 9; ``qx_smem`` the query tile's
+    power of two, ``kx_smem`` the key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P
+    (kernels.gluon_mxfp6_p; the row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
     Both partitions run this function; ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
     tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as

@@ -55,8 +55,8 @@ def main(argv=None) -> int:
                            max_work=a.max_work or MAX_WORK)
     bad = [i for i in wanted if not 0 <= i < len(cases)]
     if bad:
-        print(f"kernel_fuzz_triage: case indices {bad} are outside the list of {len(cases)}; accepted: 0..{len(cases) - 1}",
-              file=sys.stderr)
+        print(f"kernel_fuzz_triage: case indices {bad} are outside the list of {len(cases)}; "
+              f"accepted: 0..{len(cases) - 1}", file=sys.stderr)
         return 2
     extra = [r for r in a.recipes.split(",") if r]
     for i in wanted:

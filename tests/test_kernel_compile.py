@@ -48,11 +48,9 @@ def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
 
 @pytest.mark.parametrize("name", ["gluon_pingpong_smooth_q", "gluon_pingpong_mxfp6_smooth_q"])
 def test_the_key_term_is_summed_before_the_scores_are_chained_on_it(name):
-    """Q smoothing's K = 32 term wgmma starts from a zero accumulator and the score GEMM is chained on its result.
-    The other order (the term chained onto the scores) is as exact in real arithmetic, but the FP8 wgmma accumulates
-    at about 13 bits below the largest exponent it adds: on the H200 it cut the term's 28 equal lead products alike
-    and left four fuzz cases 2.0-2.6% from the sm90 reference (kernels/fused_attention_gluon_pingpong.py,
-    _issue_scores). The order is only visible in the IR (the SASS of both orders has the same opcodes)."""
+    """Q smoothing's K = 32 term wgmma starts from a zero accumulator and the score GEMM is chained on its result
+    (why: kernels/fused_attention_gluon_pingpong.py, ``_issue_scores``; the other order left four H200 fuzz cases
+    2.0-2.6% from the sm90 reference). Only the IR shows the order: the SASS of both has the same opcodes."""
     import re
 
     fn, kwargs = kernel_sass.CONFIGS[name]
