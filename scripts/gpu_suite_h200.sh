@@ -11,7 +11,8 @@
 #          specialization its shapes and strides ask for, so FSATTN_FUZZ_JOBS (default 6) processes share the GPU,
 #          each running one slice of the same seeded list (300 cases: ~2.5 min with 8 on the H200). Knobs:
 #          FSATTN_FUZZ_CASES (default 300), FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK; FSATTN_FUZZ_SLICE=a:b runs cases
-#          a..b-1 in one process instead.
+#          a..b-1 in one process instead. Failed cases then run again through each kernel path
+#          (scripts/kernel_fuzz_triage.py, TRIAGE_LIMIT s) -> kernel_fuzz_triage.txt.
 #   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`.
 #   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
 #          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one
@@ -106,6 +107,10 @@ fuzz_slices() {  # FSATTN_FUZZ_JOBS pytest processes on the one GPU, slice j of 
   line="total: $failed of $logged cases failed, $jobs slices of $n cases run side by side on one GPU"
   ((${#missing[@]})) && line+="; slices ${missing[*]} did not finish (their cases logged above are not counted)"
   echo "$line" | tee -a "$OUT/kernel_fuzz_h200.txt"
+  if ((failed > 0)); then  # each failed case again through every kernel path and the public call
+    timeout "${TRIAGE_LIMIT:-240}" python3 scripts/kernel_fuzz_triage.py --cases "$n" "$OUT/kernel_fuzz_h200.txt" \
+      > "$OUT/kernel_fuzz_triage.txt" 2>&1 || echo "triage: rc=$? (see kernel_fuzz_triage.txt)"
+  fi
   ((rc == 0 && failed == 0 && ${#missing[@]} == 0))
 }
 

@@ -36,7 +36,7 @@ def main(argv=None) -> int:
     ap.add_argument("items", nargs="+", help="fuzz logs (their FAIL lines) or case indices")
     ap.add_argument("--seed", type=int, default=int(os.environ.get("FSATTN_FUZZ_SEED", "0")))
     ap.add_argument("--cases", type=int, default=int(os.environ.get("FSATTN_FUZZ_CASES", "300")))
-    ap.add_argument("--max-work", type=int, default=None)
+    ap.add_argument("--max-work", type=int, default=int(os.environ.get("FSATTN_FUZZ_MAX_WORK", "0")) or None)
     ap.add_argument("--recipes", default="", help="comma list of recipes to run each case's inputs under as well")
     a = ap.parse_args(argv)
     sys.path.insert(0, TESTS)
