@@ -35,7 +35,8 @@ from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: 
 
 pytestmark = pytest.mark.gpu
 #: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (its key term, a wgmma the
-#: score GEMM is chained on in gluon_pingpong: with fp8_row P and the lowering gate, and with MXFP6 P).
+#: score GEMM is chained on in gluon_pingpong: with fp8_row P and the lowering gate, and with MXFP6 P; on every slice,
+#: and switched per slice, where the inputs give Q's even heads a shared offset: kernel_fuzz.SWITCH_Q_OFFSET).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
                 ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q+smooth_q_min_ratio=0",
                      "mxfp6+smooth_q+smooth_q_min_ratio=0", "mxfp8+smooth_q")

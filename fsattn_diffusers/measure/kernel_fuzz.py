@@ -116,12 +116,21 @@ def generate_cases(n: int, recipes: Sequence[str], variants: Sequence[str], seed
     return cases
 
 
+#: Offset added to every channel of Q on the even heads of a case whose recipe switches Q smoothing per slice
+#: (``smooth_q`` with ``smooth_q_min_ratio`` > 0), so that both of the kernel's launches run: those heads take the key
+#: term, the others (normal queries, ratio ~ S^-1/2) do not.
+SWITCH_Q_OFFSET = 3.0
+
+
 def make_inputs(case: Case, device) -> Tuple[Tuple[torch.Tensor, ...], Tuple[torch.Tensor, ...]]:
     """``((q, k, v) as (B, H, S, D) views, (their base buffers))`` for ``case``.
 
     ``layout="bshd"``: views of (B, S, H, D) memory. ``strided``: views that skip every other head and
-    8 columns of a wider head dim (non-contiguous, unit stride in D).
+    8 columns of a wider head dim (non-contiguous, unit stride in D). Recipes with Q smoothing's per-slice switch get
+    :data:`SWITCH_Q_OFFSET` on Q's even heads (no extra random draw: the other tensors are those of any recipe).
     """
+    recipe = get_recipe(case.recipe)
+    switch = recipe.smooth_q and recipe.smooth_q_min_ratio > 0.0
     g = torch.Generator().manual_seed(case.seed)
     dtype = DTYPES[case.dtype]
     views, bases = [], []
@@ -135,6 +144,8 @@ def make_inputs(case: Case, device) -> Tuple[Tuple[torch.Tensor, ...], Tuple[tor
         view = base[:, :, heads, :case.d] if case.layout == "bshd" else base[:, heads, :, :case.d]
         if case.layout == "bshd":
             view = view.transpose(1, 2)
+        if name == "q" and switch:
+            view[:, 0::2] += SWITCH_Q_OFFSET
         if name != "q" and case.pad_garbage:
             for bi, n in enumerate(case.kv_lens):
                 view[bi, :, n:] = float("nan") if name == "k" else float("inf")
