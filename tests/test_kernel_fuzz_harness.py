@@ -1,14 +1,17 @@
 """The kernel fuzz harness (fsattn_diffusers.measure.kernel_fuzz) on the CPU: its cases, and that its checks catch
 what they are for (the sm90 reference stands in for the kernel; broken stand-ins must fail)."""
 
+import dataclasses
+
 import pytest
 import torch
 
 
 from fsattn_diffusers.emulator import sm90_reference_attention
-from fsattn_diffusers.measure.kernel_fuzz import (LSE_REF_MAX, MAX_WORK, S_MAX, case_line, generate_cases,
-                                                  reference_bounds, run_case, summary_lines)
+from fsattn_diffusers.measure.kernel_fuzz import (LSE_REF_MAX, MAX_WORK, S_MAX, Case, case_line, generate_cases,
+                                                  make_inputs, reference_bounds, run_case, summary_lines)
 from fsattn_diffusers.recipe import PRESETS, get_recipe
+from fsattn_diffusers.smoothing import q_smoothing_heads
 
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
 VARIANTS = ("gluon_pingpong", "triton", "api")
@@ -137,11 +140,6 @@ def test_lse_bounds_cover_a_different_summation_order(monkeypatch, recipe_name):
 def test_switch_recipes_get_heads_on_both_sides_of_the_switch(layout, strided):
     """Fuzz inputs for Q smoothing's per-slice switch: the even heads carry SWITCH_Q_OFFSET and take the key term, the
     odd ones (normal queries) do not, so both kernel launches run; other recipes' Q is left as drawn."""
-    import dataclasses
-
-    from fsattn_diffusers.measure.kernel_fuzz import Case, make_inputs
-    from fsattn_diffusers.smoothing import q_smoothing_heads
-
     case = Case(0, 7, "mxfp8+smooth_q", "triton", 2, 4, 512, 64, 64, "bf16", layout, strided, None, False)
     (q, k, v), _ = make_inputs(case, "cpu")
     (q0, k0, v0), _ = make_inputs(dataclasses.replace(case, recipe="mxfp8"), "cpu")
