@@ -97,13 +97,6 @@ def _stage_b_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr
 
 
 @gluon.jit
-def _after(new_w, old_w, zero_w):
-    """``new_w`` (``zero_w`` is 0 at run time), with ``old_w`` read by the instruction."""
-    return gl.inline_asm_elementwise("lop3.b32 $0, $1, $2, $3, 0xF8;", "=r,r,r,r", [new_w, old_w, zero_w],
-                                     dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
 def _words_to_fp8(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
     """The inverse of :func:`_stage_b_words`' packing: the (BM, BN) E4M3 A operand in ``p_layout`` (no instructions:
     each word is reused as the register holding its four bytes)."""
@@ -293,7 +286,6 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
         pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)
         if P_MX:
             l = l + gl.convert_layout(psum, srow)
-        zero_w = gl.zeros_like(pw) + (n_keys >> 31)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
@@ -317,6 +309,11 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
             anyfire = _warp_any(fire, WG)  # this warp only
             p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
             o, p = warpgroup_mma_wait(0, deps=(o, p))
+            mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
+            if WG == 1:  # refill the slot once both warpgroups have released it
+                mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
+                _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
+                         j - 1 + STAGES < n_tiles, BN, KEY_TERM)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
                 # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
                 delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
@@ -334,18 +331,9 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
                 gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32 + rows * 0,
                              (1 << (j % 32)) + rows * 0, mask=fire & (NKW > 0))
                 p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
-            pw_new, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)  # now: the GEMM issue window holds no conversion
-            if P_MX:
-                pw = pw_new
-            else:
-                pw = _after(pw_new, pw, zero_w)
+            pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)  # now: the GEMM issue window holds no conversion
             if P_MX:
                 l = l + gl.convert_layout(psum, srow)
-            mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
-            if WG == 1:  # refill the slot once both warpgroups have released it
-                mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-                _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
-                         j - 1 + STAGES < n_tiles, BN, KEY_TERM)
         last = (n_tiles - 1) % STAGES
         pa = _words_to_fp8(pw, p_layout, BM, BN)
         if not P_MX:

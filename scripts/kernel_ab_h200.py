@@ -1,9 +1,10 @@
-"""Two builds of the gluon_pingpong kernel in one process: the working tree's and a baseline copy of
-kernels/fused_attention_gluon_pingpong.py (for example ``git show <commit>:kernels/fused_attention_gluon_pingpong.py``).
+"""Builds of the gluon_pingpong kernel side by side in one process: the working tree's against one or more other copies
+of kernels/fused_attention_gluon_pingpong.py (``--baseline``, repeatable; for example ``git show
+<commit>:kernels/fused_attention_gluon_pingpong.py``, or a variant under test).
 
-For each (shape, recipe, input family): one pre-pass, then both kernels on the same operands, compared bit for bit
-(output, LSE, rollback counts), then kernel-only ``do_bench`` medians interleaved A B A B ... (``--rounds``), so that
-clock and power drift hits both alike. Run on the H200 from the repository root:
+For each (shape, recipe, input family) and each baseline: one pre-pass, then both kernels on the same operands,
+compared bit for bit (output, LSE, rollback counts), then kernel-only ``do_bench`` medians interleaved A B A B ...
+(``--rounds``), so that clock and power drift hits both alike. Run on the H200 from the repository root:
 
     source scripts/device_env.sh
     git show <commit>:kernels/fused_attention_gluon_pingpong.py > /tmp/baseline.py   # on a machine with the history
@@ -16,6 +17,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import statistics
 import sys
 import time
@@ -31,9 +33,9 @@ from fsattn_diffusers.recipe import get_recipe
 MODULE = current_module.__name__
 
 
-def load_baseline(path: str):
+def load_baseline(path: str, index: int = 0):
     """The kernel module at ``path``, imported inside ``fsattn_diffusers.kernels`` (its relative imports resolve)."""
-    spec = importlib.util.spec_from_file_location(MODULE + "_baseline", path)
+    spec = importlib.util.spec_from_file_location(f"{MODULE}_baseline{index}", path)
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
     return mod
@@ -50,25 +52,26 @@ def kernel_module(mod):
         sys.modules[MODULE] = saved
 
 
-def run_once(mod, ops, plan, shape, lse_too: bool):
+def run_once(mod, ops, plan, shape, lse_too: bool, stages=None):
     b, h, s, d = shape
     out = torch.full((b, h, s, d), float("nan"), device="cuda", dtype=torch.bfloat16)  # poisoned
     lse = torch.full((b, h, s), float("nan"), device="cuda") if lse_too else None
     stats = torch.zeros((2,), dtype=torch.int32, device="cuda")
     with kernel_module(mod):
-        attention_from_operands(ops, out, plan, s, s, None, lse, stats)
+        attention_from_operands(ops, out, plan, s, s, None, lse, stats, num_stages=stages)
     torch.cuda.synchronize()
     return out, lse, stats
 
 
-def compare(shape, recipe_name, inputs, rounds, warmup, rep, log):
+def compare(baseline, shape, recipe_name, inputs, rounds, warmup, rep, log, baseline_stages=None):
     b, h, s, d = shape
     recipe = get_recipe(recipe_name)
     plan = plan_for(recipe)
     q, k, v = make_inputs(b, h, s, s, d, inputs)
     ops = prepass(q, k, v, plan, d ** -0.5, None)
-    mods = {"baseline": BASELINE, "current": current_module}
-    res = {name: run_once(mod, ops, plan, shape, True) for name, mod in mods.items()}
+    mods = {"baseline": baseline, "current": current_module}
+    stages = {"baseline": baseline_stages, "current": None}
+    res = {name: run_once(mod, ops, plan, shape, True, stages[name]) for name, mod in mods.items()}
     (oa, la, sa), (ob, lb, sb) = res["baseline"], res["current"]
     same_out = bool(torch.equal(oa.view(torch.int16), ob.view(torch.int16)))
     same_lse = bool(torch.equal(la.view(torch.int32), lb.view(torch.int32)))
@@ -80,15 +83,15 @@ def compare(shape, recipe_name, inputs, rounds, warmup, rep, log):
     for _ in range(rounds):
         for name, mod in mods.items():
             with kernel_module(mod):
-                times[name].append(timed(lambda: attention_from_operands(ops, out, plan, s, s, None, None, None),
-                                         warmup, rep))
+                times[name].append(timed(lambda: attention_from_operands(ops, out, plan, s, s, None, None, None,
+                                                                         num_stages=stages[name]), warmup, rep))
     med = {name: statistics.median(t) for name, t in times.items()}
-    row = {"shape": list(shape), "recipe": recipe_name, "inputs": inputs, "rounds_ms": times,
+    row = {"baseline": baseline.__file__, "baseline_stages": baseline_stages, "shape": list(shape), "recipe": recipe_name, "inputs": inputs, "rounds_ms": times,
            "baseline_ms": med["baseline"], "current_ms": med["current"],
            "current_over_baseline": med["current"] / med["baseline"],
            "bit_identical_out": same_out, "bit_identical_lse": same_lse, "same_rollback_counts": same_stats,
            "rollbacks": sa.tolist(), "out_finite": finite}
-    log(f"{str(shape):<22} {recipe_name:<8} {inputs:<10} baseline {med['baseline']:8.3f} ms  current "
+    log(f"{baseline.__file__}: {str(shape):<22} {recipe_name:<8} {inputs:<10} baseline {med['baseline']:8.3f} ms  current "
         f"{med['current']:8.3f} ms  ratio {row['current_over_baseline']:.4f}  identical out/lse/stats "
         f"{same_out}/{same_lse}/{same_stats}  rounds {[round(x, 3) for x in times['baseline']]} / "
         f"{[round(x, 3) for x in times['current']]}")
@@ -106,21 +109,23 @@ def markdown(env, args, rows) -> str:
              f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current; the median of the rounds",
              "- identical: output (bf16 bits), LSE (fp32 bits) and rollback counts of the two kernels on the same "
              "operands", "",
-             "| shape (B,H,S,D) | recipe | inputs | baseline ms | current ms | current / baseline | identical out / LSE / "
-             "rollbacks |", "| --- | --- | --- | --- | --- | --- | --- |"]
+             "| baseline | shape (B,H,S,D) | recipe | inputs | baseline ms | current ms | current / baseline | identical "
+             "out / LSE / rollbacks |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {','.join(map(str, r['shape']))} | {r['recipe']} | {r['inputs']} | {r['baseline_ms']:.3f} | "
+        lines.append(f"| {os.path.basename(r['baseline'])} | {','.join(map(str, r['shape']))} | {r['recipe']} | {r['inputs']} | {r['baseline_ms']:.3f} | "
                      f"{r['current_ms']:.3f} | {r['current_over_baseline']:.4f} | {r['bit_identical_out']} / "
                      f"{r['bit_identical_lse']} / {r['same_rollback_counts']} |")
     return "\n".join(lines) + "\n"
 
 
 def main(argv=None) -> int:
-    global BASELINE
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--baseline", required=True, help="a copy of kernels/fused_attention_gluon_pingpong.py")
+    ap.add_argument("--baseline", required=True, action="append",
+                    help="a copy of kernels/fused_attention_gluon_pingpong.py (repeat for several)")
     ap.add_argument("--shapes", default="paper,wan22", help=f"comma list of {', '.join(SHAPES)}")
     ap.add_argument("--recipes", default="mxfp8")
+    ap.add_argument("--baseline-stages", type=int, default=None,
+                    help="K/V pipeline stages of the baseline's launches (default: the library's, as the current's)")
     ap.add_argument("--inputs", default="gaussian", help="comma list: gaussian or structured families")
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--warmup", type=float, default=50.0)
@@ -131,7 +136,7 @@ def main(argv=None) -> int:
     if not torch.cuda.is_available():
         print("kernel_ab_h200.py: needs a CUDA GPU (sm_90); none is visible", file=sys.stderr)
         return 2
-    BASELINE = load_baseline(args.baseline)
+    baselines = [load_baseline(path, i) for i, path in enumerate(args.baseline)]
     env = environment()
     env["command"] = "python3 scripts/kernel_ab_h200.py " + " ".join(sys.argv[1:])
     rows = []
@@ -139,7 +144,9 @@ def main(argv=None) -> int:
         b, h, s, d = SHAPES[shape_name]
         for recipe in args.recipes.split(","):
             for inputs in args.inputs.split(","):
-                rows.append(compare((b, h, s, d), recipe, inputs, args.rounds, args.warmup, args.rep, print))
+                for baseline in baselines:
+                    rows.append(compare(baseline, (b, h, s, d), recipe, inputs, args.rounds, args.warmup, args.rep,
+                                        print, args.baseline_stages))
     md = markdown(env, args, rows)
     print(md)
     if args.json:
@@ -150,8 +157,6 @@ def main(argv=None) -> int:
             f.write(md)
     return 0
 
-
-BASELINE = None
 
 if __name__ == "__main__":
     sys.exit(main())
