@@ -86,13 +86,14 @@ def compare(baseline, shape, recipe_name, inputs, rounds, warmup, rep, log, base
                 times[name].append(timed(lambda: attention_from_operands(ops, out, plan, s, s, None, None, None,
                                                                          num_stages=stages[name]), warmup, rep))
     med = {name: statistics.median(t) for name, t in times.items()}
-    row = {"baseline": baseline.__file__, "baseline_stages": baseline_stages, "shape": list(shape), "recipe": recipe_name, "inputs": inputs, "rounds_ms": times,
+    row = {"baseline": baseline.__file__, "baseline_stages": baseline_stages, "shape": list(shape),
+           "recipe": recipe_name, "inputs": inputs, "rounds_ms": times,
            "baseline_ms": med["baseline"], "current_ms": med["current"],
            "current_over_baseline": med["current"] / med["baseline"],
            "bit_identical_out": same_out, "bit_identical_lse": same_lse, "same_rollback_counts": same_stats,
            "rollbacks": sa.tolist(), "out_finite": finite}
-    log(f"{baseline.__file__}: {str(shape):<22} {recipe_name:<8} {inputs:<10} baseline {med['baseline']:8.3f} ms  current "
-        f"{med['current']:8.3f} ms  ratio {row['current_over_baseline']:.4f}  identical out/lse/stats "
+    log(f"{baseline.__file__}: {str(shape):<22} {recipe_name:<8} {inputs:<10} baseline {med['baseline']:8.3f} ms  "
+        f"current {med['current']:8.3f} ms  ratio {row['current_over_baseline']:.4f}  identical out/lse/stats "
         f"{same_out}/{same_lse}/{same_stats}  rounds {[round(x, 3) for x in times['baseline']]} / "
         f"{[round(x, 3) for x in times['current']]}")
     del ops, out
@@ -108,13 +109,15 @@ def markdown(env, args, rows) -> str:
              f"- kernel-only times (pre-pass done once, same operands): `do_bench` medians (warmup {args.warmup} ms, "
              f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current; the median of the rounds",
              "- identical: output (bf16 bits), LSE (fp32 bits) and rollback counts of the two kernels on the same "
-             "operands", "",
-             "| baseline | shape (B,H,S,D) | recipe | inputs | baseline ms | current ms | current / baseline | identical "
-             "out / LSE / rollbacks |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "operands",
+             f"- K/V stages of the baseline's launches: {args.baseline_stages or 'the default (as the current)'}",
+             "", "| baseline | shape (B,H,S,D) | recipe | inputs | baseline ms | current ms | current / baseline | "
+             "identical out / LSE / rollbacks |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
-        lines.append(f"| {os.path.basename(r['baseline'])} | {','.join(map(str, r['shape']))} | {r['recipe']} | {r['inputs']} | {r['baseline_ms']:.3f} | "
-                     f"{r['current_ms']:.3f} | {r['current_over_baseline']:.4f} | {r['bit_identical_out']} / "
-                     f"{r['bit_identical_lse']} / {r['same_rollback_counts']} |")
+        lines.append(f"| {os.path.basename(r['baseline'])} | {','.join(map(str, r['shape']))} | {r['recipe']} | "
+                     f"{r['inputs']} | {r['baseline_ms']:.3f} | {r['current_ms']:.3f} | "
+                     f"{r['current_over_baseline']:.4f} | {r['bit_identical_out']} / {r['bit_identical_lse']} / "
+                     f"{r['same_rollback_counts']} |")
     return "\n".join(lines) + "\n"
 
 
