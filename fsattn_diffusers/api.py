@@ -31,23 +31,26 @@ def supported_head_dim(recipe: Recipe, head_dim: int) -> Optional[str]:
     return None
 
 
-def _as_kv_lens(kv_lens, batch: int, s_k: int, device) -> Optional[torch.Tensor]:
-    if kv_lens is None:
+def _as_lens(lens, batch: int, length: int, device, name: str = "kv_lens", what: str = "key"
+             ) -> Optional[torch.Tensor]:
+    """``lens`` (``kv_lens`` or ``q_lens``) as an int64 (B,) tensor on ``device`` with values in [0, ``length``]."""
+    if lens is None:
         return None
-    if not isinstance(kv_lens, torch.Tensor):
+    if not isinstance(lens, torch.Tensor):
         try:
-            kv_lens = torch.tensor(list(kv_lens), dtype=torch.int64)
+            lens = torch.tensor(list(lens), dtype=torch.int64)
         except (TypeError, ValueError):
-            raise ValueError(f"kv_lens must be a sequence of {batch} ints or an int tensor of shape ({batch},)") from None
-    if kv_lens.dtype.is_floating_point or kv_lens.dtype == torch.bool or kv_lens.shape != (batch,):
-        raise ValueError(f"kv_lens must be an int tensor of shape ({batch},), got dtype {kv_lens.dtype} "
-                         f"shape {tuple(kv_lens.shape)}; accepted: one valid-key count per batch entry")
-    lens = kv_lens.to(device=device, dtype=torch.int64)
+            raise ValueError(f"{name} must be a sequence of {batch} ints or an int tensor of shape ({batch},)"
+                             ) from None
+    if lens.dtype.is_floating_point or lens.dtype == torch.bool or lens.shape != (batch,):
+        raise ValueError(f"{name} must be an int tensor of shape ({batch},), got dtype {lens.dtype} "
+                         f"shape {tuple(lens.shape)}; accepted: one valid-{what} count per batch entry")
+    lens = lens.to(device=device, dtype=torch.int64)
     if torch.compiler.is_compiling():  # the range check reads the values: not inside a torch.compile graph
         return lens
     lo, hi = int(lens.min()), int(lens.max())
-    if lo < 0 or hi > s_k:
-        raise ValueError(f"kv_lens values must lie in [0, {s_k}] (the key length), got min {lo} max {hi}")
+    if lo < 0 or hi > length:
+        raise ValueError(f"{name} values must lie in [0, {length}] (the {what} length), got min {lo} max {hi}")
     return lens
 
 
@@ -87,6 +90,7 @@ def attention(
     layout: str = "bshd",
     scale: Optional[float] = None,
     kv_lens: Optional[Union[torch.Tensor, Sequence[int]]] = None,
+    q_lens: Optional[Union[torch.Tensor, Sequence[int]]] = None,
     return_lse: bool = False,
     return_stats: bool = False,
     backend: str = "auto",
@@ -106,6 +110,11 @@ def attention(
     kv_lens : int tensor (B,) or sequence of ints, optional
         Valid keys per batch entry; keys at positions >= kv_lens[b] are ignored. A row with no valid key
         gives zeros (and LSE = -inf).
+    q_lens : int tensor (B,) or sequence of ints, optional
+        Valid queries per batch entry, the rest being padding (e.g. the text padding of a joint self-attention,
+        where ``q_lens = kv_lens``). Only Q smoothing reads it (``Recipe.smooth_q``): its query mean and per-slice
+        switch then count only the queries before ``q_lens[b]``, so padded rows cannot change the other rows'
+        numerics. Every row is still computed. Default: all queries.
     return_lse : bool
         Also return the natural-log log-sum-exp of the scaled scores, fp32 (B, H, S_q).
     return_stats : bool
@@ -148,7 +157,8 @@ def attention(
     scale = float(scale)
     if not math.isfinite(scale) or scale <= 0:
         raise ValueError(f"scale must be a positive finite float, got {scale}")
-    lens = _as_kv_lens(kv_lens, b, s_k, q.device)
+    lens = _as_lens(kv_lens, b, s_k, q.device)
+    qlens = _as_lens(q_lens, b, s_q, q.device, "q_lens", "query")
     if layout == "bshd":  # views, no copies
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     # strict: detect first and fail before any work; otherwise the backend may find the flags in its own reads
@@ -167,7 +177,7 @@ def attention(
     else:
         def run(q_, k_, v_, detect=False):
             return run_backend(backend, q_, k_, v_, recipe, scale=scale, kv_lens=lens, return_lse=return_lse,
-                               return_stats=return_stats, detect_nonfinite=detect)
+                               return_stats=return_stats, detect_nonfinite=detect, q_lens=qlens)
         detect = flags is None and not torch.compiler.is_compiling()
         out, lse, stats, staged = run(q, k, v, detect)
         if detect:  # the backend's own flags (staged before its last kernel), else one detection pass now

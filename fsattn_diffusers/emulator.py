@@ -111,7 +111,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
 
 
 def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
-                      return_lse: bool = False, return_stats: bool = False
+                      return_lse: bool = False, return_stats: bool = False, q_lens: Optional[torch.Tensor] = None
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[Dict]]:
     """Reference Fused-Softmax attention under ``recipe.numerics`` (``mi355x`` or ``sm90``).
 
@@ -123,6 +123,8 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
         Softmax scale alpha.
     kv_lens : int64 tensor (B,), optional
         Valid keys per batch entry.
+    q_lens : int64 tensor (B,), optional
+        Valid queries per batch entry: Q smoothing's mean and switch count only those (every row is computed).
 
     Returns
     -------
@@ -134,8 +136,9 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
     valid_b = None if kv_lens is None else torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]
+    valid_q = None if q_lens is None else torch.arange(s_q, device=q.device)[None, :] < q_lens.to(q.device)[:, None]
     with torch.no_grad():
-        q_in, k_in, bias, lse_offset = smooth_inputs(q, k, recipe, scale, valid_b)
+        q_in, k_in, bias, lse_offset = smooth_inputs(q, k, recipe, scale, valid_b, valid_q)
         qo, ko, vo, post, bias, kept = num.operands(q_in, k_in, v, scale, valid_b, bias)
         if bias is not None:
             bias = bias.reshape(b * h, s_k)
@@ -164,7 +167,8 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     return out, lse, None
 
 
-def sm90_reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None
+def sm90_reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
+                             q_lens: Optional[torch.Tensor] = None
                              ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, int]]:
     """What the sm_90 kernel computes, in PyTorch: ``(out (B, H, S_q, D) in q's dtype, lse, stats)``.
 
@@ -173,4 +177,4 @@ def sm90_reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: 
     :class:`fsattn_diffusers.numerics.SM90Numerics` (``Recipe.numerics = "sm90"``).
     """
     return emulate_attention(q, k, v, recipe.replace(numerics="sm90"), scale=scale, kv_lens=kv_lens,
-                             return_lse=True, return_stats=True)
+                             return_lse=True, return_stats=True, q_lens=q_lens)

@@ -101,8 +101,8 @@ class Recipe:
         (their ``q_mean`` is taken as 0). ``0`` smooths every slice. Queries without a shared component give
         about ``1 / sqrt(S_q)``; the default is :data:`Q_SMOOTHING_MIN_RATIO`. Q smoothing, switched or not, makes a
         query's output depend on the other queries of its slice (their mean, the switch), so it stays off in the
-        presets: padded query rows (HunyuanVideo's text padding) or a sequence split across GPUs would change the
-        numerics of the other rows.
+        presets: a sequence split across GPUs is smoothed per shard. Padded query rows are left out of the statistics
+        when the call gives ``q_lens`` (``attention(..., q_lens=...)``).
     tile_m, tile_n : int
         Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
     qk_scale_rule, v_scale_rule, p_scale_rule : str or None

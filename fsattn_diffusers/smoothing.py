@@ -65,17 +65,23 @@ def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.T
     return torch.cat(parts, dim=0)
 
 
-def q_smoothing_heads(q: torch.Tensor, min_ratio: float) -> torch.Tensor:
+def q_smoothing_heads(q: torch.Tensor, min_ratio: float, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
     """The (batch, head) slices Q smoothing takes under ``Recipe.smooth_q_min_ratio``: (B, H) bool.
 
     With ``mu`` the float64 mean of the BF16 queries and ``ms`` the float64 mean of their squared norms,
     ``|mu|^2 > min_ratio^2 (ms - |mu|^2)``: the mean's norm exceeds ``min_ratio`` times the queries' rms distance
     from it. ``kernels.token_mean`` decides the same way on the GPU (sums in another order: a slice whose ratio lies
-    within ~1e-12 of ``min_ratio`` may be decided differently). ``min_ratio`` 0: every slice.
+    within ~1e-12 of ``min_ratio`` may be decided differently). ``min_ratio`` 0: every slice. ``valid`` (B, S) bool,
+    optional, a prefix of each batch entry's queries (those before ``q_lens``): only those count, and an entry
+    without one is not smoothed.
     """
     b, h, s, _ = q.shape
     if min_ratio <= 0.0 or s == 0:
         return torch.full((b, h), min_ratio <= 0.0, dtype=torch.bool, device=q.device)
+    if valid is not None:
+        counts = valid.sum(dim=1).tolist()
+        return torch.cat([q_smoothing_heads(q[i:i + 1, :, :n], min_ratio) if n > 0 else
+                          torch.zeros((1, h), dtype=torch.bool, device=q.device) for i, n in enumerate(counts)])
     mu = _token_sum(q)[:, :, 0] / s
     ms = _token_sum(q, squares=True)[:, :, 0].sum(dim=-1) / s
     mm = (mu * mu).sum(dim=-1)
@@ -117,8 +123,11 @@ def lse_offset(q: torch.Tensor, k_mean: torch.Tensor, scale: float) -> torch.Ten
     return torch.cat(parts, dim=2) * scale
 
 
-def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid: Optional[torch.Tensor] = None):
-    """Apply ``recipe.smooth_q`` / ``recipe.smooth_k`` to (B, H, S, D) inputs.
+def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid: Optional[torch.Tensor] = None,
+                  valid_q: Optional[torch.Tensor] = None):
+    """Apply ``recipe.smooth_q`` / ``recipe.smooth_k`` to (B, H, S, D) inputs. ``valid`` (B, S_k) and ``valid_q``
+    (B, S_q) bool, optional: the keys (before ``kv_lens``) and queries (before ``q_lens``) that K's and Q's means and
+    Q's per-slice switch count; every query is smoothed by its entry's mean all the same.
 
     Returns
     -------
@@ -133,9 +142,9 @@ def smooth_inputs(q: torch.Tensor, k: torch.Tensor, recipe, scale: float, valid:
         offset = lse_offset(q, k_mean, scale)
         k = subtract_mean(k, k_mean)
     if recipe.smooth_q:
-        q_mean = token_mean(q)
+        q_mean = token_mean(q, valid_q)
         if recipe.smooth_q_min_ratio > 0.0:  # the other slices: Q as it is, no key term
-            heads = q_smoothing_heads(q, recipe.smooth_q_min_ratio)
+            heads = q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_q)
             q_mean = torch.where(heads[:, :, None, None], q_mean, torch.zeros_like(q_mean))
         k_seen = k if recipe.smooth_k else round_to_bf16(k.to(torch.float32))
         bias = key_bias(q_mean, k_seen, scale * LOG2E)

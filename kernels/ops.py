@@ -76,18 +76,19 @@ class KernelOperands(NamedTuple):
 
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None,
-            flags: Optional[torch.Tensor] = None) -> KernelOperands:
+            flags: Optional[torch.Tensor] = None, q_lens: Optional[torch.Tensor] = None) -> KernelOperands:
     """All operands for the attention kernel (see kernels.prepass), smoothing included. ``flags`` (B * H,) int32,
     optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf are set to 1, as
-    :func:`kernels.nonfinite_flags.flag_nonfinite` flags them, by the pre-pass's own reads."""
+    :func:`kernels.nonfinite_flags.flag_nonfinite` flags them, by the pre-pass's own reads. ``q_lens`` (B,) int32,
+    optional: Q smoothing's mean and switch count only the queries before it (``smoothing.smooth_inputs``)."""
     variant = effective_variant(variant, plan)
     nan_pad = variant == GLUON_PINGPONG
     k_mean = token_mean(k, kv_lens) if plan.smooth_k else None
     q_mean = q_sel = None
     if plan.smooth_q and plan.smooth_q_ratio2 > 0.0:  # the per-slice switch: q_mean 0 where it is off
-        q_mean, q_sel = token_mean(q, ratio2=plan.smooth_q_ratio2)
+        q_mean, q_sel = token_mean(q, q_lens, ratio2=plan.smooth_q_ratio2)
     elif plan.smooth_q:
-        q_mean = token_mean(q)
+        q_mean = token_mean(q, q_lens)
     # K first: Q smoothing's key term sets a floor under Q's tile exponents (sm90_numerics difference 9)
     k8, ke, bias = prepare_qk(k, plan, 1.0, tile_ref=True, kv_lens=kv_lens, nan_pad=nan_pad, mean=k_mean,
                               q_mean=q_mean, bias_mult=scale * LOG2E, flags=flags)
@@ -233,7 +234,8 @@ def _lse_shape(q: torch.Tensor, return_lse: bool):
     return (q.shape[0], q.shape[1], q.shape[2]) if return_lse else (0,)
 
 
-def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, on_flags=None):
+def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, on_flags=None,
+                     q_lens=None):
     """:func:`fused_attention_op`'s work. With ``on_flags`` (eager calls only) the pre-pass also writes the non-finite
     flags, (B * H,) int32, and ``on_flags(flags)`` runs between it and the attention kernel's launch."""
     plan = plan_from_key(plan_key)
@@ -241,8 +243,9 @@ def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, wa
     out_view = out.transpose(1, 2) if out_bshd else out
     lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)
     stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
-    flags = torch.zeros((q.shape[0] * q.shape[1],), dtype=torch.int32, device=q.device) if on_flags is not None else None
-    ops = prepass(q, k, v, plan, scale, kv_lens, flags=flags)
+    flags = (torch.zeros((q.shape[0] * q.shape[1],), dtype=torch.int32, device=q.device) if on_flags is not None
+             else None)
+    ops = prepass(q, k, v, plan, scale, kv_lens, flags=flags, q_lens=q_lens)
     if on_flags is not None:
         on_flags(flags)
     attention_from_operands(ops, out_view, plan, q.shape[2], k.shape[2], kv_lens,
@@ -254,8 +257,8 @@ def _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, wa
 
 @torch.library.custom_op("fsattn::fused_attention", mutates_args=())
 def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor],
-                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool
-                       ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                       scale: float, plan_key: str, return_lse: bool, out_bshd: bool, want_stats: bool,
+                       q_lens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Fused-Softmax attention on (B, H, S, D) views.
 
     Returns
@@ -265,11 +268,11 @@ def fused_attention_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_len
     stats : (2,) int32: rows that rolled back, (query tile, key tile) pairs with a rollback (zeros
         unless ``want_stats``).
     """
-    return _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats)
+    return _fused_attention(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, q_lens=q_lens)
 
 
 @fused_attention_op.register_fake
-def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats):
+def _(q, k, v, kv_lens, scale, plan_key, return_lse, out_bshd, want_stats, q_lens=None):
     return (_out_like(q, out_bshd), torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device),
             torch.empty((2,), dtype=torch.int32, device=q.device))
 
@@ -284,7 +287,7 @@ def visited_tiles(b: int, h: int, s_q: int, s_k: int, kv_lens: Optional[torch.Te
 
 
 def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, return_lse=False,
-                    return_stats=False, detect_nonfinite=False):
+                    return_stats=False, detect_nonfinite=False, q_lens=None):
     """Backend entry: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or None, flags)``.
 
     ``flags``: with ``detect_nonfinite`` a :class:`fsattn_diffusers.nonfinite.StagedFlags` holding what
@@ -294,15 +297,17 @@ def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, re
     out_bshd = q.stride(1) < q.stride(2)  # the caller's q is BSHD: give the output the same layout
     if kv_lens is not None:
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    if q_lens is not None:
+        q_lens = q_lens.to(device=q.device, dtype=torch.int32).contiguous()
     args = (q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd, bool(return_stats))
     staged = None
     if detect_nonfinite:
         def stage(flags):
             nonlocal staged
             staged = StagedFlags(flags.view(q.shape[0], q.shape[1]) > 0)
-        out, lse, st = _fused_attention(*args, on_flags=stage)
+        out, lse, st = _fused_attention(*args, on_flags=stage, q_lens=q_lens)
     else:
-        out, lse, st = fused_attention_op(*args)
+        out, lse, st = fused_attention_op(*args, q_lens)
     out = out.transpose(1, 2) if out_bshd else out
     stats = None
     if return_stats:

@@ -41,10 +41,10 @@ def rel(x, ref):
     return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
 
 
-def _kernel(q, k, v, recipe_name, kv, variant):
+def _kernel(q, k, v, recipe_name, kv, variant, ql=None):
     plan = plan_for(get_recipe(recipe_name))
     scale = 1.0 / math.sqrt(q.shape[-1])
-    ops = prepass(q, k, v, plan, scale, kv, variant=variant)
+    ops = prepass(q, k, v, plan, scale, kv, variant=variant, q_lens=ql)
     if DEV == "cuda":  # NaN in the allocator's free blocks: an unwritten output would show
         torch.full((16 << 20,), float("nan"), device=DEV)
     out = torch.full_like(q, float("nan"))
@@ -56,13 +56,13 @@ def _kernel(q, k, v, recipe_name, kv, variant):
     return out, lse, st, ops
 
 
-def _check(name, q, k, v, recipe, variant, kv=None):
+def _check(name, q, k, v, recipe, variant, kv=None, ql=None):
     if CPU_INTERPRET and variant == "gluon_pingpong":
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     scale = 1.0 / math.sqrt(q.shape[-1])
     q_in, k_in, v_in = (t.clone() for t in (q, k, v))
-    out, lse, st, ops = _kernel(q, k, v, recipe, kv, variant)
-    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, get_recipe(recipe), scale=scale, kv_lens=kv)
+    out, lse, st, ops = _kernel(q, k, v, recipe, kv, variant, ql)
+    ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, get_recipe(recipe), scale=scale, kv_lens=kv, q_lens=ql)
     ex_o, ex_lse = exact_attention(q, k, v, scale, kv)
     e_k, e_r = rel(out, ex_o), rel(ref_o, ex_o)
     finite = torch.isfinite(ex_lse)
@@ -199,3 +199,23 @@ def test_the_switch_gives_each_head_the_kernel_output_of_its_setting(name, varia
         print(f"{name} {variant}: heads {heads} against smooth_q {label}: max |out diff| {d_out:.3e}, "
               f"|lse diff| {d_lse:.3e}")
         assert torch.equal(auto[0][:, heads], other[0][:, heads]) and torch.equal(auto[1][:, heads], other[1][:, heads])
+
+
+@pytest.mark.parametrize("variant", VARIANTS)
+def test_q_lens_keeps_padded_queries_out_of_the_pre_pass_statistics(variant):
+    """``q_lens``: the pre-pass's Q mean and per-slice switch count only the valid queries, so garbage in the padded
+    rows leaves the switch and the key term (its shift G and carried values) as with clean padding; the kernel matches
+    the sm90 reference given the same ``q_lens`` within the rule."""
+    q, k, v = _mixed_heads(b=2)
+    ql = torch.tensor([300, q.shape[2]], dtype=torch.int32, device=DEV)
+    q2 = q.clone()
+    q2[0, :, 300:] = (30.0 * torch.randn(q.shape[1], q.shape[2] - 300, q.shape[3],
+                                         generator=torch.Generator().manual_seed(3))).bfloat16().to(DEV)
+    ops = _check("mixed heads, garbage past q_lens", q2, k, v, "mxfp8+smooth_q", variant, ql=ql)
+    clean = _kernel(q, k, v, "mxfp8+smooth_q", None, variant, ql)[3]
+    without = _kernel(q2, k, v, "mxfp8+smooth_q", None, variant)[3]
+    print(f"{variant}: switch with q_lens {ops.q_sel.tolist()}, clean {clean.q_sel.tolist()}, garbage without "
+          f"q_lens {without.q_sel.tolist()}; G {ops.kg.tolist()} / {clean.kg.tolist()} / {without.kg.tolist()}")
+    assert ops.q_sel.tolist() == clean.q_sel.tolist() == [0, 1, 0, 1] * 2
+    assert torch.equal(ops.kg, clean.kg) and torch.equal(ops.bias, clean.bias)
+    assert not torch.equal(without.bias, clean.bias)  # what q_lens prevents

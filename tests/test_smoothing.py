@@ -161,3 +161,56 @@ def test_the_switch_gives_each_head_the_output_of_its_setting(name, numerics):
     assert torch.equal(auto[:, 0::2], off[:, 0::2]) and torch.equal(lse[:, 0::2], lse_off[:, 0::2])
     assert torch.equal(auto[:, 1::2], on[:, 1::2]) and torch.equal(lse[:, 1::2], lse_on[:, 1::2])
     assert err(auto, [1, 3]) < 0.8 * err(off, [1, 3])
+
+
+@pytest.mark.parametrize("name", ["mxfp8+smooth_q", "mxfp8+smooth_q+smooth_q_min_ratio=0"])
+def test_q_lens_keeps_padded_queries_out_of_q_smoothing(name):
+    """With ``q_lens`` Q's mean and the per-slice switch count only the valid queries: garbage in the padded rows
+    leaves the valid rows' outputs bit for bit (MI355X semantics: rows are independent), as they are on the valid rows
+    alone; without it the garbage moves them (and, at these magnitudes, the switch's decisions)."""
+    q, k, v = _mixed_heads(s_q=300)
+    n = 233
+    q2 = q.clone()
+    q2[:, :, n:] = (1e3 * torch.randn(1, 4, 300 - n, 128, generator=torch.Generator().manual_seed(9))).bfloat16()
+    run = lambda x, **kw: fa.attention(x, k, v, name, layout="bhsd", backend="emulator", **kw)  # noqa: E731
+    alone = run(q[:, :, :n])
+    with_lens, garbage_with_lens = run(q, q_lens=[n]), run(q2, q_lens=[n])
+    garbage_without = run(q2)
+    moved = float((garbage_without[:, :, :n].double() - alone.double()).abs().max())
+    print(f"{name}: valid rows, garbage padding with q_lens: max diff "
+          f"{float((garbage_with_lens[:, :, :n] - alone).abs().max()):.3g}; without q_lens: {moved:.3g}")
+    assert torch.equal(with_lens[:, :, :n], alone) and torch.equal(garbage_with_lens[:, :, :n], alone)
+    assert moved > 1e-3  # the case the argument is for
+    valid = torch.arange(300)[None, :] < torch.tensor([n])[:, None]
+    assert torch.equal(q_smoothing_heads(q2, Q_SMOOTHING_MIN_RATIO, valid),
+                       q_smoothing_heads(q[:, :, :n], Q_SMOOTHING_MIN_RATIO))
+    assert torch.equal(token_mean(q2, valid), token_mean(q[:, :, :n]))
+
+
+def test_q_lens_with_q_smoothing_skips_backends_that_do_not_take_it():
+    """A backend without ``takes_q_lens`` is passed over (with a warning) for a Q-smoothing call with ``q_lens``, and
+    used for any other call; ``q_lens`` is checked like ``kv_lens``."""
+    from fsattn_diffusers.backends import registry
+
+    calls = []
+
+    def fn(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+        calls.append(recipe.name)
+        return emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse)
+
+    registry.register_backend(registry.Backend("no_q_lens", fn, lambda d: None, lambda *a, **kw: None))
+    q, k, v = _mixed_heads(s_q=64, s_k=64)
+    try:
+        fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="no_q_lens", q_lens=[50])
+        with pytest.warns(RuntimeWarning, match="no q_lens"):
+            fa.attention(q, k, v, "mxfp8+smooth_q", layout="bhsd", backend="no_q_lens", q_lens=[50])
+        fa.attention(q, k, v, "mxfp8+smooth_q", layout="bhsd", backend="no_q_lens")
+    finally:
+        registry.unregister_backend("no_q_lens")
+    print("calls the backend took:", calls)
+    assert calls == ["mxfp8", "mxfp8+smooth_q"]
+    for bad, msg in (([65], r"q_lens values must lie in \[0, 64\] \(the query length\)"),
+                     ([1, 2], r"q_lens must be an int tensor of shape \(1,\)"),
+                     (torch.tensor([0.5]), "q_lens must be an int tensor")):
+        with pytest.raises(ValueError, match=msg):
+            fa.attention(q, k, v, "mxfp8", layout="bhsd", q_lens=bad)

@@ -54,8 +54,10 @@ def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
     return nonfinite.detect(q, k, v, kv_lens)
 
 
-def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False):
-    """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning.
+def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False,
+                q_lens=None):
+    """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning. ``q_lens``
+    (valid queries per batch entry) matters only to Q smoothing; such calls run on backends that take it.
 
     Returns ``(out, lse, stats, flags)``: ``flags`` a :class:`~fsattn_diffusers.nonfinite.StagedFlags` of the
     (B, H) non-finite flags when ``detect_nonfinite`` and the backend that ran finds them itself
@@ -73,6 +75,8 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
         be = backends[cand]
         missing = be.available_on(q.device)
         why = missing or be.unsupported(q, k, v, recipe, kv_lens=kv_lens, return_lse=return_lse)
+        if why is None and q_lens is not None and recipe.smooth_q and not be.takes_q_lens:
+            why = "no q_lens (Q smoothing's mean over the valid queries)"
         if why is not None:
             reasons.append(f"{cand}: {why}")
             # A backend absent from this machine is normal under "auto"; one that is here but cannot
@@ -86,6 +90,8 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
         if be.slow:
             warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
         args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats)
+        if be.takes_q_lens:
+            args["q_lens"] = q_lens
         if be.detects_nonfinite:
             return be.fn(q, k, v, recipe, **args, detect_nonfinite=detect_nonfinite)
         return (*be.fn(q, k, v, recipe, **args), None)

@@ -29,13 +29,13 @@ def _unsupported(q, k, v, recipe, *, kv_lens, return_lse):
     return unsupported_reason(recipe, q.shape[-1])
 
 
-def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False):
+def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False, q_lens=None):
     from ..kernels.ops import fused_attention  # imports triton: only where the kernel runs
     from ..kernels.plan import plan_for
 
     return fused_attention(q, k, v, plan_for(recipe), scale=scale, kv_lens=kv_lens, return_lse=return_lse,
-                           return_stats=return_stats, detect_nonfinite=detect_nonfinite)
+                           return_stats=return_stats, detect_nonfinite=detect_nonfinite, q_lens=q_lens)
 
 
 # The pre-pass reads every element of q, k, v (keys before kv_lens) and flags the non-finite slices itself.
-register_backend(Backend("triton", _run, _available, _unsupported, detects_nonfinite=True))
+register_backend(Backend("triton", _run, _available, _unsupported, detects_nonfinite=True, takes_q_lens=True))

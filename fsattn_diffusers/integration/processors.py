@@ -115,14 +115,15 @@ class _FSAttnProcessorBase:
                                         self.layer, entry_name(entry), entry_name(planned),
                                         "stock" if entry is None else self.backend, note))
 
-    def _attend(self, q, k, v, entry, kv_lens=None):
-        """fsattn attention on (B, S, H, D) operands; output (B, S, H*D) in q's dtype."""
+    def _attend(self, q, k, v, entry, kv_lens=None, q_lens=None):
+        """fsattn attention on (B, S, H, D) operands; output (B, S, H*D) in q's dtype. ``q_lens``: the valid queries
+        (Q smoothing's mean counts only those)."""
         if self._parallel_config is not None and kv_lens is None:  # this rank's sequence shard
             from .context_parallel import context_parallel_attention
 
             out = context_parallel_attention(q, k, v, entry, self._parallel_config, backend=self.backend)
             return out.flatten(2, 3).to(q.dtype)
-        out = attention(q, k, v, entry, layout="bshd", kv_lens=kv_lens, backend=self.backend)
+        out = attention(q, k, v, entry, layout="bshd", kv_lens=kv_lens, q_lens=q_lens, backend=self.backend)
         return out.flatten(2, 3).to(q.dtype)
 
     def __repr__(self) -> str:
@@ -304,7 +305,8 @@ class HunyuanVideoFSAttnProcessor(_FSAttnProcessorBase):
             valid = torch.arange(key.shape[1], device=key.device).unsqueeze(0) < kv_lens.unsqueeze(1)
             valid = valid[:, :, None, None]
             key, value = torch.where(valid, key, 0.0), torch.where(valid, value, 0.0)
-        out = self._attend(query, key, value, entry, kv_lens=kv_lens)
+        # one joint sequence: its padded text tokens are padded queries as well (their outputs are not used)
+        out = self._attend(query, key, value, entry, kv_lens=kv_lens, q_lens=kv_lens)
 
         out, enc_out = out[:, :-n_text], out[:, -n_text:]
         if getattr(attn, "to_out", None) is not None:
