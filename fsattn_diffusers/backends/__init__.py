@@ -5,7 +5,8 @@ A backend is a function ``fn(q, k, v, recipe, *, scale, kv_lens, return_lse, ret
 stats or None)``. Each backend also says whether it is usable here (``available() -> str | None``,
 the reason when not) and whether it can take one particular call (``unsupported(...) -> str | None``).
 A backend that finds non-finite inputs as a by-product of its own reads says so (``detects_nonfinite``): its ``fn``
-then also takes ``detect_nonfinite`` and returns the flags as a fourth value.
+then also takes ``detect_nonfinite`` and returns the flags as a fourth value. One that honours ``attention``'s
+``q_lens`` (Q smoothing's valid queries) says so (``takes_q_lens``) and takes it as a keyword.
 """
 
 from __future__ import annotations
