@@ -30,8 +30,17 @@ OUT=$(cd "$OUT" && pwd)  # absolute: the cd below must not move it
 export OUT
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
+# Once per machine and set of wheels, under a lock: two scripts started side by side both ran `pip --upgrade` into
+# /tmp/site, and one of them failed in pip's removal of the other's fresh copy (diffusers' package tree).
 if compgen -G ".whl/*.whl" >/dev/null; then
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+  wheels_id=$(ls .whl/*.whl | sort | cksum | cut -d' ' -f1)
+  (
+    command -v flock >/dev/null && flock 9
+    if [[ ! -e /tmp/site/.fsattn-wheels-$wheels_id ]]; then
+      python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+      touch "/tmp/site/.fsattn-wheels-$wheels_id"
+    fi
+  ) 9>/tmp/fsattn-site.lock
 fi
 
 # The installed layout: fsattn_diffusers/ with kernels/ and pipelines/ inside it (pyproject's package-dir),
