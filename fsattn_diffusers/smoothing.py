@@ -58,11 +58,14 @@ def token_mean(x: torch.Tensor, valid: Optional[torch.Tensor] = None) -> torch.T
     """
     if valid is None:
         return _mean_from_sum(_token_sum(x), x.shape[2])
-    counts = valid.sum(dim=1).tolist()
-    parts = [_mean_from_sum(_token_sum(x[i:i + 1, :, :n]), n) if n > 0 else
-             torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
-             for i, n in enumerate(counts)]
-    return torch.cat(parts, dim=0)
+    empty = torch.zeros((1, x.shape[1], 1, x.shape[3]), dtype=torch.float32, device=x.device)
+    return _per_entry_prefix(x, valid, token_mean, empty)
+
+
+def _per_entry_prefix(x: torch.Tensor, valid: torch.Tensor, fn, empty: torch.Tensor) -> torch.Tensor:
+    """``fn`` of each batch entry's valid prefix of ``x`` (B, H, S, ...), ``valid`` (B, S) bool a prefix per entry,
+    concatenated along the batch; ``empty`` (one entry's result) where an entry has no valid token."""
+    return torch.cat([fn(x[i:i + 1, :, :n]) if n > 0 else empty for i, n in enumerate(valid.sum(dim=1).tolist())])
 
 
 def q_smoothing_heads(q: torch.Tensor, min_ratio: float, valid: Optional[torch.Tensor] = None) -> torch.Tensor:
@@ -79,9 +82,8 @@ def q_smoothing_heads(q: torch.Tensor, min_ratio: float, valid: Optional[torch.T
     if min_ratio <= 0.0 or s == 0:
         return torch.full((b, h), min_ratio <= 0.0, dtype=torch.bool, device=q.device)
     if valid is not None:
-        counts = valid.sum(dim=1).tolist()
-        return torch.cat([q_smoothing_heads(q[i:i + 1, :, :n], min_ratio) if n > 0 else
-                          torch.zeros((1, h), dtype=torch.bool, device=q.device) for i, n in enumerate(counts)])
+        return _per_entry_prefix(q, valid, lambda x: q_smoothing_heads(x, min_ratio),
+                                 torch.zeros((1, h), dtype=torch.bool, device=q.device))
     mu = _token_sum(q)[:, :, 0] / s
     ms = _token_sum(q, squares=True)[:, :, 0].sum(dim=-1) / s
     mm = (mu * mu).sum(dim=-1)
