@@ -38,7 +38,7 @@ def _key_term_kernel(BIAS, KE, KX, BEFF, G, SEL, SKP, HW_CVT: tl.constexpr, WRIT
                      BN: tl.constexpr, COLS: tl.constexpr, HAS_SEL: tl.constexpr):
     """Program ``bh``: two passes over its SKP keys (BN per step), the maximum, then the terms. ``HAS_SEL``: a slice
     with ``SEL[bh] = 0`` (left out by Q smoothing's switch: its term is 0) gets G = G_MAX, as a zero term gives it,
-    and zero ``bias_eff`` for the triton kernel; Kx is not written (the gluon_pingpong kernel skips the term there)."""
+    and zero ``bias_eff``; Kx is not written (the gluon_pingpong kernel skips the term there)."""
     bh = tl.program_id(0)
     keys = tl.arange(0, BN)
     base = bh.to(tl.int64) * SKP
@@ -48,11 +48,10 @@ def _key_term_kernel(BIAS, KE, KX, BEFF, G, SEL, SKP, HW_CVT: tl.constexpr, WRIT
         on = tl.load(SEL + bh)
     if on != 0:
         _key_term_slice(BIAS, KE, KX, BEFF, G, bh, base, keys, n_t, HW_CVT, WRITE_KX, BN, COLS)
-    else:
+    else:  # bias_eff written for every kernel variant: no operand holds unwritten memory
         tl.store(G + bh, G_MAX)
-        if not WRITE_KX:
-            for t in range(0, n_t):
-                tl.store(BEFF + base + t * BN + keys, tl.zeros((BN,), tl.float32))
+        for t in range(0, n_t):
+            tl.store(BEFF + base + t * BN + keys, tl.zeros((BN,), tl.float32))
 
 
 @triton.jit

@@ -27,7 +27,8 @@ import torch
 import fsattn_diffusers.kernels.fused_attention_gluon_pingpong as current_module
 from fsattn_diffusers.kernels.ops import attention_from_operands, prepass
 from fsattn_diffusers.kernels.plan import plan_for
-from fsattn_diffusers.measure.kernel_bench import SHAPES, environment, make_inputs, timed
+from fsattn_diffusers.measure.kernel_bench import (SAMPLE_ROWS, SHAPES, accuracy, environment, exact_rows, make_inputs,
+                                                   timed)
 from fsattn_diffusers.recipe import get_recipe
 
 MODULE = current_module.__name__
@@ -77,7 +78,10 @@ def compare(baseline, shape, recipe_name, inputs, rounds, warmup, rep, log, base
     same_lse = bool(torch.equal(la.view(torch.int32), lb.view(torch.int32)))
     same_stats = bool(torch.equal(sa, sb))
     finite = bool(torch.isfinite(ob).all())
-    del res, oa, ob, la, lb
+    rows = torch.randperm(s, generator=torch.Generator().manual_seed(0))[:min(SAMPLE_ROWS, s)].sort().values.cuda()
+    ref = exact_rows(q, k, v, rows, d ** -0.5)
+    err = {"baseline": accuracy(oa[:, :, rows], ref)[0], "current": accuracy(ob[:, :, rows], ref)[0]}
+    del res, oa, ob, la, lb, ref
     out = torch.empty((b, h, s, d), device="cuda", dtype=torch.bfloat16)
     times = {name: [] for name in mods}
     for _ in range(rounds):
@@ -91,10 +95,12 @@ def compare(baseline, shape, recipe_name, inputs, rounds, warmup, rep, log, base
            "baseline_ms": med["baseline"], "current_ms": med["current"],
            "current_over_baseline": med["current"] / med["baseline"],
            "bit_identical_out": same_out, "bit_identical_lse": same_lse, "same_rollback_counts": same_stats,
-           "rollbacks": sa.tolist(), "out_finite": finite}
+           "rollbacks": sa.tolist(), "out_finite": finite,
+           "baseline_rel_err": err["baseline"], "current_rel_err": err["current"]}
     log(f"{baseline.__file__}: {str(shape):<22} {recipe_name:<8} {inputs:<10} baseline {med['baseline']:8.3f} ms  "
         f"current {med['current']:8.3f} ms  ratio {row['current_over_baseline']:.4f}  identical out/lse/stats "
-        f"{same_out}/{same_lse}/{same_stats}  rounds {[round(x, 3) for x in times['baseline']]} / "
+        f"{same_out}/{same_lse}/{same_stats}  rel. err {err['baseline']:.4f} / {err['current']:.4f}  "
+        f"rounds {[round(x, 3) for x in times['baseline']]} / "
         f"{[round(x, 3) for x in times['current']]}")
     del ops, out
     torch.cuda.empty_cache()
@@ -110,14 +116,17 @@ def markdown(env, args, rows) -> str:
              f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current; the median of the rounds",
              "- identical: output (bf16 bits), LSE (fp32 bits) and rollback counts of the two kernels on the same "
              "operands",
+             f"- rel. err: relative Frobenius error against float64 softmax attention on {SAMPLE_ROWS} sampled query "
+             "rows per head (`kernel_bench.exact_rows`)",
              f"- K/V stages of the baseline's launches: {args.baseline_stages or 'the default (as the current)'}",
              "", "| baseline | shape (B,H,S,D) | recipe | inputs | baseline ms | current ms | current / baseline | "
-             "identical out / LSE / rollbacks |", "| --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "identical out / LSE / rollbacks | rel. err baseline / current |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in rows:
         lines.append(f"| {os.path.basename(r['baseline'])} | {','.join(map(str, r['shape']))} | {r['recipe']} | "
                      f"{r['inputs']} | {r['baseline_ms']:.3f} | {r['current_ms']:.3f} | "
                      f"{r['current_over_baseline']:.4f} | {r['bit_identical_out']} / {r['bit_identical_lse']} / "
-                     f"{r['same_rollback_counts']} |")
+                     f"{r['same_rollback_counts']} | {r['baseline_rel_err']:.4f} / {r['current_rel_err']:.4f} |")
     return "\n".join(lines) + "\n"
 
 
