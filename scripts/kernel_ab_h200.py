@@ -3,8 +3,9 @@ of kernels/fused_attention_gluon_pingpong.py (``--baseline``, repeatable; for ex
 <commit>:kernels/fused_attention_gluon_pingpong.py``, or a variant under test).
 
 For each (shape, recipe, input family) and each baseline: one pre-pass, then both kernels on the same operands,
-compared bit for bit (output, LSE, rollback counts), then kernel-only ``do_bench`` medians interleaved A B A B ...
-(``--rounds``), so that clock and power drift hits both alike. Run on the H200 from the repository root:
+compared bit for bit (output, LSE, rollback counts) and each against float64 attention on sampled query rows
+(relative error), then kernel-only ``do_bench`` medians interleaved A B A B ... (``--rounds``), so that clock and power
+drift hits both alike. Run on the H200 from the repository root:
 
     source scripts/device_env.sh
     git show <commit>:kernels/fused_attention_gluon_pingpong.py > /tmp/baseline.py   # on a machine with the history
@@ -29,6 +30,7 @@ from fsattn_diffusers.kernels.ops import attention_from_operands, prepass
 from fsattn_diffusers.kernels.plan import plan_for
 from fsattn_diffusers.measure.kernel_bench import (SAMPLE_ROWS, SHAPES, accuracy, environment, exact_rows, make_inputs,
                                                    timed)
+from fsattn_diffusers.quality.analysis import sample_rows
 from fsattn_diffusers.recipe import get_recipe
 
 MODULE = current_module.__name__
@@ -78,7 +80,7 @@ def compare(baseline, shape, recipe_name, inputs, rounds, warmup, rep, log, base
     same_lse = bool(torch.equal(la.view(torch.int32), lb.view(torch.int32)))
     same_stats = bool(torch.equal(sa, sb))
     finite = bool(torch.isfinite(ob).all())
-    rows = torch.randperm(s, generator=torch.Generator().manual_seed(0))[:min(SAMPLE_ROWS, s)].sort().values.cuda()
+    rows = sample_rows(s, SAMPLE_ROWS, 0).cuda()
     ref = exact_rows(q, k, v, rows, d ** -0.5)
     err = {"baseline": accuracy(oa[:, :, rows], ref)[0], "current": accuracy(ob[:, :, rows], ref)[0]}
     del res, oa, ob, la, lb, ref

@@ -154,12 +154,13 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     from .. import attention
     from ..kernels.ops import attention_from_operands, prepass
     from ..kernels.plan import plan_for
+    from ..quality.analysis import sample_rows
     from ..recipe import get_recipe
 
     q, k, v = make_inputs(b, h, s_q, s_k, d, inputs, seed)
     scale = 1.0 / math.sqrt(d)
     flops = 4.0 * b * h * s_q * s_k * d
-    rows = torch.randperm(s_q, generator=torch.Generator().manual_seed(seed))[:min(SAMPLE_ROWS, s_q)].sort().values
+    rows = sample_rows(s_q, SAMPLE_ROWS, seed)
     ref = exact_rows(q, k, v, rows.cuda(), scale)
     results = []
 
