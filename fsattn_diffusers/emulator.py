@@ -7,12 +7,12 @@ for the rollback statistics), so no S_q x S_k matrix is ever built: the largest 
 
 from __future__ import annotations
 
-from typing import Dict, Optional, Tuple
+from typing import Dict, Optional, Sequence, Tuple
 
 import torch
 
 from .exponent import LN2
-from .numerics import MI355XNumerics, numerics_for
+from .numerics import MI355XNumerics, key_tile_order, numerics_for
 from .recipe import ROLLBACK_FLOOR_LIMIT_LOG2, Recipe
 from .smoothing import smooth_inputs
 
@@ -44,10 +44,11 @@ def _new_stats() -> Dict[str, int]:
 
 def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Optional[torch.Tensor],
                   post_mult: float, num: MI355XNumerics, stats: Dict[str, int], bias: Optional[torch.Tensor] = None,
-                  kept: Optional[torch.Tensor] = None):
+                  kept: Optional[torch.Tensor] = None, tiles: Optional[Sequence[int]] = None):
     """Algorithm 1 for rows ``q`` (G, R, D) against keys ``k``/``v`` (G, S_k, D), operands prepared; ``bias``
     (G, S_k), optional, is added to the scores (doublings) before the maximum and the exponential, on the rows where
-    ``kept`` (G, R) bool is set (all rows without it).
+    ``kept`` (G, R) bool is set (all rows without it). ``tiles``: the key tiles in the order visited (default all,
+    from tile 0; :func:`fsattn_diffusers.numerics.key_tile_order`); the first one seeds the frozen reference.
 
     Returns ``(O (G, R, D), l (G, R), m (G, R))``, unnormalized, m in base-2 units.
     """
@@ -62,8 +63,10 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
     l = torch.zeros((g, r), device=q.device)
     o = torch.zeros((g, r, v.shape[-1]), device=q.device)
     n_qt = -(-r // num.tile_m)
-    for j, k0 in enumerate(range(0, s_k, n)):
-        k1 = min(k0 + n, s_k)
+    if tiles is None:
+        tiles = range(-(-s_k // n))
+    for j, t in enumerate(tiles):
+        k0, k1 = t * n, min(t * n + n, s_k)
         x = torch.matmul(q, k[:, k0:k1].transpose(1, 2))
         if post_mult != 1.0:
             x = x * post_mult
@@ -110,6 +113,39 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
     return o, l, m
 
 
+def _attend_rows(qo, ko, vo, valid, post, num: MI355XNumerics, stats, bias, kept):
+    """All query rows ``qo`` (G, S_q, D) in chunks of whole query tiles, each visiting the key tiles in
+    ``Recipe.key_order``; returns ``(O, l, m)`` as :func:`_attend_chunk`, for all rows."""
+    g, s_q, _ = qo.shape
+    s_k = ko.shape[1]
+    tm, n = num.tile_m, num.tile_n
+    out = [torch.empty((g, s_q, vo.shape[-1]), device=qo.device), torch.empty((g, s_q), device=qo.device),
+           torch.empty((g, s_q), device=qo.device)]
+    if num.recipe.key_order == "natural":  # every query tile visits the tiles alike: big chunks
+        rows = max(tm, (_SLAB_ELEMENTS // max(1, g * n)) // tm * tm)  # one score slab stays bounded
+        for r0 in range(0, s_q, rows):
+            res = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats, bias,
+                                None if kept is None else kept[:, r0:r0 + rows])
+            for dst, src in zip(out, res):
+                dst[:, r0:r0 + rows] = src
+        return tuple(out)
+    # Per query tile; the order depends on the number of key tiles holding valid keys, so slices (groups) with the
+    # same count go together.
+    n_valid = torch.full((g,), -(-s_k // n)) if valid is None else (valid.sum(dim=1).cpu() + n - 1) // n
+    n_qt = -(-s_q // tm)
+    for count in sorted(set(n_valid.tolist())):
+        sel = (n_valid == count).nonzero().flatten().to(qo.device)
+        part = None if valid is None else valid[sel]
+        for qt in range(n_qt):
+            r0, r1 = qt * tm, min(qt * tm + tm, s_q)
+            res = _attend_chunk(qo[sel, r0:r1], ko[sel], vo[sel], part, post, num, stats,
+                                None if bias is None else bias[sel], None if kept is None else kept[sel, r0:r1],
+                                key_tile_order(num.recipe.key_order, qt, n_qt, count))
+            for dst, src in zip(out, res):
+                dst[sel, r0:r1] = src
+    return tuple(out)
+
+
 def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
                       return_lse: bool = False, return_stats: bool = False, q_lens: Optional[torch.Tensor] = None
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[Dict]]:
@@ -147,18 +183,12 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
         qo, ko, vo = (t.reshape(b * h, t.shape[2], d) for t in (qo, ko, vo))
         valid = None if valid_b is None else valid_b[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
         stats = _new_stats()
-        # Chunk the rows (in whole query tiles) so one score slab stays bounded.
-        rows = max(num.tile_m, (_SLAB_ELEMENTS // max(1, b * h * num.tile_n)) // num.tile_m * num.tile_m)
-        outs, lses = [], []
-        for r0 in range(0, s_q, rows):
-            o, l, m = _attend_chunk(qo[:, r0:r0 + rows], ko, vo, valid, post, num, stats, bias,
-                                    None if kept is None else kept[:, r0:r0 + rows])
-            outs.append(torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]))
-            if return_lse:
-                lse = torch.log(l) + (m - num.p_scale_log2) * LN2
-                lses.append(torch.where(l == 0, torch.full_like(lse, float("-inf")), lse))
-        out = torch.cat(outs, dim=1).reshape(b, h, s_q, d).to(q.dtype)
-        lse = torch.cat(lses, dim=1).reshape(b, h, s_q) if return_lse else None
+        o, l, m = _attend_rows(qo, ko, vo, valid, post, num, stats, bias, kept)
+        out = torch.where((l == 0)[..., None], torch.zeros_like(o), o / l[..., None]).reshape(b, h, s_q, d).to(q.dtype)
+        lse = None
+        if return_lse:
+            lse = torch.log(l) + (m - num.p_scale_log2) * LN2
+            lse = torch.where(l == 0, torch.full_like(lse, float("-inf")), lse).reshape(b, h, s_q)
         if lse is not None and lse_offset is not None:  # the log-sum-exp of the unsmoothed scores
             lse = lse + lse_offset
     if return_stats:

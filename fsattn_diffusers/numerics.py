@@ -2,24 +2,45 @@
 
 ``MI355XNumerics`` is the paper's kernels (NUMERICS.md); ``SM90Numerics`` is what our Hopper kernel
 computes (``sm90_numerics.py`` documents each difference). Both answer the same questions: the operands,
-the frozen reference seeded from key tile 0, the gate cap, Stage-A, Stage-B with the row-sum term, and
-the tile sizes.
+the frozen reference seeded from the first key tile visited, the gate cap, Stage-A, Stage-B with the row-sum term,
+and the tile sizes. :func:`key_tile_order` is the order in which a query tile visits the key tiles
+(``Recipe.key_order``), for the emulator and the kernels alike.
 """
 
 from __future__ import annotations
 
-from typing import Optional, Tuple
+from typing import List, Optional, Tuple
 
 import torch
 
 from .exponent import stage_a as exponent_stage_a
 from .formats import E2M3, fake_quantize_mx
 from .operands import LOG2E, prepare_qk, prepare_v, stage_b
-from .recipe import Recipe
+from .recipe import KEY_ORDERS, Recipe
+
+
+def first_key_tile(q_tile: int, n_q_tiles: int, n_k_tiles: int) -> int:
+    """The key tile that query tile ``q_tile`` of ``n_q_tiles`` visits first in the ``diagonal`` order:
+    ``floor(q_tile * n_k_tiles / n_q_tiles)``, of the ``n_k_tiles`` tiles that hold valid keys (``kv_lens``)."""
+    return (q_tile * n_k_tiles) // max(1, n_q_tiles)
+
+
+def key_tile_order(order: str, q_tile: int, n_q_tiles: int, n_k_tiles: int) -> List[int]:
+    """The key tiles query tile ``q_tile`` (of ``n_q_tiles``) visits, in order: ``natural`` 0, 1, ..., ``n_k_tiles``
+    - 1 (the paper); ``diagonal`` from :func:`first_key_tile` on, wrapping around. Query tiles are the kernel's
+    (``SM90Numerics.tile_m`` = 128 rows on Hopper), key tiles ``tile_n`` keys; tiles past the valid keys are not
+    visited. ``diagonal``, S_q = S_k = 4 tiles: query tile 2 visits 2, 3, 0, 1."""
+    if order not in KEY_ORDERS:
+        raise ValueError(f"key order {order!r} is not supported; accepted: {', '.join(KEY_ORDERS)}")
+    if order == "natural" or n_k_tiles == 0:
+        return list(range(n_k_tiles))
+    j0 = first_key_tile(q_tile, n_q_tiles, n_k_tiles)
+    return [(j0 + j) % n_k_tiles for j in range(n_k_tiles)]
 
 
 class MI355XNumerics:
-    """The paper's semantics: operands of Table 3, frozen max = row max of tile 0, cap ``2^cap``."""
+    """The paper's semantics: operands of Table 3, frozen max = row max of the first key tile visited (tile 0 in
+    the paper's order), cap ``2^cap``."""
 
     def __init__(self, recipe: Recipe):
         self.recipe = recipe
@@ -40,7 +61,7 @@ class MI355XNumerics:
         return qo, ko, vo, post, bias, None
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
-        """The frozen reference from key tile 0 (Algorithm 1, line 2)."""
+        """The frozen reference from the first key tile visited (Algorithm 1, line 2)."""
         return tile_max
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:

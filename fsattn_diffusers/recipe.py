@@ -30,6 +30,8 @@ V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
 EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
 PROXIES = ("u32", "u16", "u8")
 NUMERICS = ("mi355x", "sm90")
+#: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
+KEY_ORDERS = ("natural", "diagonal")
 #: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default). CPU emulator study
 #: (benchmarks/results/q_smoothing_statistic_cpu.md): slices without a shared Q component give ~1/sqrt(S_q) (0.02 at
 #: 2048 queries), where smoothing moves the error by -0.13..+0.05 pp; Q offsets give 1.8-3.0, locality 0.21, an
@@ -75,6 +77,16 @@ class Recipe:
         only with the reference, a reference held up by one early outlier key (an attention sink) pushes every later
         tile's P into E4M3's subnormals; the lowering brings it back. The reference stays within
         :data:`ROLLBACK_FLOOR_LIMIT_LOG2` of the row's highest one.
+    key_order : str
+        The order in which a query tile visits the key tiles, so which tile freezes its reference.
+        ``natural`` (the paper): key tile 0 first. ``diagonal``: query tile ``i`` of ``n_q`` starts at key tile
+        ``floor(i * n_k / n_q)`` of the ``n_k`` tiles holding valid keys and wraps around
+        (:func:`fsattn_diffusers.numerics.key_tile_order`); in self-attention that is the tile of the query's own
+        positions. Where attention is local (video tokens with RoPE) the frozen reference then comes from the row's
+        peak instead of a distant tile: fewer rollbacks, and the row's largest weights near 1, where FP8 P rounds
+        them least (``locality``: 6.67% -> 6.40% in the sm90 emulator, NUMERICS.md §7). Exact arithmetic gives the
+        same result in either order. Under MXFP6 P's floor scale rule weights just below 1 saturate at 0.9375, so the
+        MXFP6 presets keep ``natural``.
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.
@@ -125,6 +137,7 @@ class Recipe:
     rollback: bool = True
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
     rollback_floor_log2: Optional[int] = None
+    key_order: str = "natural"
     rowsum_gemm: bool = False
     hadamard: bool = False
     hadamard_signs: bool = False
@@ -145,6 +158,7 @@ class Recipe:
         _check_choice("exponential", self.exponential, EXPONENTIALS)
         _check_choice("proxy", self.proxy, PROXIES)
         _check_choice("numerics", self.numerics, NUMERICS)
+        _check_choice("key_order", self.key_order, KEY_ORDERS)
         for field in ("qk_scale_rule", "v_scale_rule", "p_scale_rule"):
             value = getattr(self, field)
             if value is not None:
@@ -197,8 +211,10 @@ _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_ge
 ROBUST = dict(hadamard_signs=True, smooth_k=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
-#: 2^-6 (NUMERICS.md §7, attention sinks). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering.
-ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10), "mxfp6": {}}
+#: 2^-6 (NUMERICS.md §7, attention sinks), and visits the key tiles diagonal first (the reference from the row's own
+#: neighbourhood where attention is local). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering; the
+#: diagonal order would put its largest weights where the floor scale rule saturates them.
+ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10, key_order="diagonal"), "mxfp6": {}}
 #: The suffix of the paper-faithful presets.
 PAPER_SUFFIX = "-paper"
 _OPERANDS = {

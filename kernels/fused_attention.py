@@ -264,7 +264,11 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       WRITE_LSE: tl.constexpr, P_MX: tl.constexpr, GATE: tl.constexpr, CAP: tl.constexpr,
                       SIGMA: tl.constexpr, NUM_STAGES: tl.constexpr, RNE_CVT: tl.constexpr,
                       BIAS=None, KG=None, HAS_BIAS: tl.constexpr = False, H15: tl.constexpr = False,
-                      H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False, FLOOR: tl.constexpr = 0.0):
+                      H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
+                      DIAGONAL: tl.constexpr = False):
+    """One (BM-row query tile, batch x head) per program (BM divides 128). ``DIAGONAL``: the key tiles are visited
+    from ``floor(q_tile * n_tiles / (SQP / 128))`` on, wrapping around (``q_tile`` the program's 128-row tile,
+    ``n_tiles`` those holding valid keys; ``numerics.key_tile_order``), every one masked; else from tile 0."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -293,11 +297,15 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     nrows = pid_m * 0  # int32 scalars carried through the loop
     ntiles = pid_m * 0
     if n_keys > 0:
-        # Tile 0 (peeled): the frozen reference (line 2), then lines 15-18 as in the loop.
-        acc = tl.dot(q, tl.trans(tl.load(k_ptrs)))
-        e0 = qe + tl.load(KE_row)
-        acc = _add_bias(acc, bias_ptrs, e0, keep, HAS_BIAS)
-        acc = tl.where((kcol < n_keys)[None, :], acc, float("-inf"))
+        n_tiles = (n_keys + BN - 1) // BN
+        j0 = 0
+        if DIAGONAL:
+            j0 = (((pid_m * BM) // 128) * n_tiles) // (SQP // 128)
+        # The first tile visited (peeled): the frozen reference (line 2), then lines 15-18 as in the loop.
+        acc = tl.dot(q, tl.trans(tl.load(k_ptrs + j0 * BN * D)))
+        e0 = qe + tl.load(KE_row + j0)
+        acc = _add_bias(acc, bias_ptrs + j0 * BN, e0, keep, HAS_BIAS)
+        acc = tl.where((j0 * BN + kcol < n_keys)[None, :], acc, float("-inf"))
         m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
         if H15:
             c = -2.0 * m
@@ -305,23 +313,32 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
             c = (MAGIC + D_BITS + 128.0 * SIGMA) - 128.0 * m
         m_high = m
         lo = lowering_trigger(m, m_high, FLOOR)  # used only with LOWER
-        low_before = m != m  # all False: tile 0 set the reference
+        low_before = m != m  # all False: the first tile set the reference
         bmax0 = acc
         if GATE and P_MX:
             bmax0 = _block_max(acc, BM, BN)
-        o, l = _accumulate(acc, bmax0, pow2(e0 + (1 if H15 else 7)), c, o, l, vt_ptrs, GATE, P_MX, BM, BN, RNE_CVT,
-                           H15, H15_EXP)
-        n_full = n_keys // BN
-        for t in tl.range(1, n_full, num_stages=NUM_STAGES):
-            o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
-                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN,
-                KE_row, t, n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS, H15,
-                H15_EXP, LOWER, FLOOR, keep)
-        if (n_full >= 1) & (n_full * BN < n_keys):
-            o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
-                q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + n_full * BN * D,
-                vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT,
-                bias_ptrs + n_full * BN, HAS_BIAS, H15, H15_EXP, LOWER, FLOOR, keep)
+        o, l = _accumulate(acc, bmax0, pow2(e0 + (1 if H15 else 7)), c, o, l, vt_ptrs + j0 * BN, GATE, P_MX, BM, BN,
+                           RNE_CVT, H15, H15_EXP)
+        if DIAGONAL:  # the other tiles from j0 + 1 on, wrapping; each masked (the partial one may come anywhere)
+            for j in tl.range(1, n_tiles, num_stages=NUM_STAGES):
+                t = j0 + j
+                t = tl.where(t >= n_tiles, t - n_tiles, t)
+                o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
+                    q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN,
+                    KE_row, t, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS,
+                    H15, H15_EXP, LOWER, FLOOR, keep)
+        else:  # tiles 1 .. n_full - 1 unmasked, then the partial one
+            n_full = n_keys // BN
+            for t in tl.range(1, n_full, num_stages=NUM_STAGES):
+                o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
+                    q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + t * BN * D, vt_ptrs + t * BN,
+                    KE_row, t, n_keys, row_ok, BN, False, GATE, CAP, P_MX, BM, RNE_CVT, bias_ptrs + t * BN, HAS_BIAS,
+                    H15, H15_EXP, LOWER, FLOOR, keep)
+            if (n_full >= 1) & (n_full * BN < n_keys):
+                o, l, m, c, m_high, lo, low_before, nrows, ntiles = _tile(
+                    q, qe, o, l, m, c, m_high, lo, low_before, nrows, ntiles, k_ptrs + n_full * BN * D,
+                    vt_ptrs + n_full * BN, KE_row, n_full, n_keys, row_ok, BN, True, GATE, CAP, P_MX, BM, RNE_CVT,
+                    bias_ptrs + n_full * BN, HAS_BIAS, H15, H15_EXP, LOWER, FLOOR, keep)
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]

@@ -2,7 +2,8 @@
 warpgroups, each owning 64 query rows of the program's 128-row tile, every wgmma asynchronous and waited for
 explicitly, so that the softmax of key tile j runs while the tensor cores work on the PV GEMM of tile j-1.
 
-Per key tile j a warpgroup:
+Per key tile j a warpgroup (tiles visited in ``Recipe.key_order``: from tile 0, or ``DIAGONAL`` from tile
+``j0 = floor(pid_m * n_tiles / n_query_tiles)`` on, wrapping; :func:`fsattn_diffusers.numerics.key_tile_order`):
 
     issue S_j = Q K_j^T; issue l_j = P8_{j-1} @ ones; issue O += P8_{j-1} V_{j-1}        (async)
     wait for S_j and l_j; l += l_j (fp32, registers)
@@ -151,6 +152,17 @@ def _warp_any(fire, WG: gl.constexpr):
 
 
 @gluon.jit
+def _key_tile(j, j0, n_tiles, DIAGONAL: gl.constexpr):
+    """The key tile of visit ``j`` (0 <= j < 2 n_tiles): ``j`` itself, or with ``DIAGONAL`` the visits start at tile
+    ``j0`` and wrap around."""
+    t = j
+    if DIAGONAL:
+        t = j0 + j
+        t = gl.where(t >= n_tiles, t - n_tiles, t)
+    return t
+
+
+@gluon.jit
 def _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, slot, tile, krow0, vrow0, pred,
              BN: gl.constexpr, KEY_TERM: gl.constexpr):
     """K and V (``KEY_TERM``: and the key term's Kx) of key tile ``tile`` into ``slot``, all on the slot's one mbarrier
@@ -215,17 +227,20 @@ def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN:
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar,
+def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar,
+              k_smem, v_smem, kvbar,
               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
-              FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA):
-    """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``.
+              FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
+              SIGMA):
+    """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``, from
+    key tile ``j0`` on (wrapping around; the loop counter ``j`` counts visits, :func:`_key_tile` gives the tile).
     ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a K = 32 wgmma the score GEMM is chained on,
     ``S_j = Qx Kx_j^T + Q K_j^T`` (:func:`_issue_scores`; sm90_numerics difference 9; ``qx_smem`` the query tile's
     power of two, ``kx_smem`` the key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P
     (kernels.gluon_mxfp6_p; the row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
-    Both partitions run this function; ``WG``, ``KEY_TERM`` and ``P_MX`` reach it as ``gl.constexpr`` arguments. The
-    tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as
+    Both partitions run this function; ``WG``, ``KEY_TERM``, ``P_MX`` and ``DIAGONAL`` reach it as ``gl.constexpr``
+    arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as
     runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never)
     lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
@@ -275,12 +290,12 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
             mbarrier.wait(onesbar.index(1), 0)  # the Qx tile
         s = _issue_scores(qs, k_smem.index(0), qx_smem, kx_smem.index(0), zero_s, KEY_TERM)
         s = warpgroup_mma_wait(0, deps=(s,))
-        e0 = qe + gl.load(KE_row)
+        e0 = qe + gl.load(KE_row + j0)
         xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
         m = gl.ceil(xm * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
         m_high = m  # the row's highest reference (bounds a lowering)
         lo = _lowering_trigger(m, m_high, FLOOR)
-        low_before = m != m  # all False: tile 0 set the reference
+        low_before = m != m  # all False: the first tile set the reference
         c = (MAGIC + BIAS_BITS + GRID * SIGMA) - GRID * m  # exact: m is on the 1/128 grid
         p, e128 = _stage_a_any(s, bmax, e0, c, P_MX, BM, BN)
         pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)
@@ -300,7 +315,8 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
             else:
                 s, lt = warpgroup_mma_wait(1, deps=(s, lt))
                 lsum = lsum + lt
-            e_t = qe + gl.load(KE_row + j)
+            t = _key_tile(j, j0, n_tiles, DIAGONAL)
+            e_t = qe + gl.load(KE_row + t)
             xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
             xmax = xm * _pow2(e_t)  # the tile's row peaks in doublings (exact scaling)
             low = xmax < lo
@@ -312,8 +328,8 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-                _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev, j - 1 + STAGES, krow0, vrow0,
-                         j - 1 + STAGES < n_tiles, BN, KEY_TERM)
+                _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev,
+                         _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), krow0, vrow0, j - 1 + STAGES < n_tiles, BN, KEY_TERM)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
                 # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
                 delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
@@ -328,13 +344,13 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, q_sm
                     lsum = lsum * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
                 o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
                 nfired += (fire & row_ok).to(gl.int32)
-                gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + j // 32 + rows * 0,
-                             (1 << (j % 32)) + rows * 0, mask=fire & (NKW > 0))
+                gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
+                             (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
                 p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
             pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)  # now: the GEMM issue window holds no conversion
             if P_MX:
                 l = l + gl.convert_layout(psum, srow)
-        last = (n_tiles - 1) % STAGES
+        last = (n_tiles - 1) % STAGES  # the slot of the last visit
         pa = _words_to_fp8(pw, p_layout, BM, BN)
         if not P_MX:
             lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)
@@ -367,7 +383,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
                                      WRITE_LSE: gl.constexpr, CAP: gl.constexpr, FLOOR: gl.constexpr,
                                      SIGMA: gl.constexpr,
                                      STAGES: gl.constexpr, REGS: gl.constexpr, KEY_TERM: gl.constexpr = False,
-                                     TERM_SEL: gl.constexpr = False, P_MX: gl.constexpr = False):
+                                     TERM_SEL: gl.constexpr = False, P_MX: gl.constexpr = False,
+                                     DIAGONAL: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -381,6 +398,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     TSEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch (kernels.token_mean). The host launches the
         kernel twice, ``KEY_TERM`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``KEY_TERM``
         returns before any work, so each slice runs the key loop of its setting (the term is 0 where TSEL is 0).
+    DIAGONAL : ``Recipe.key_order == "diagonal"``: query tile ``pid_m`` visits the key tiles from
+        ``floor(pid_m * n_tiles / (SQP / 128))`` on (``n_tiles`` those holding valid keys), else from tile 0.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -390,6 +409,9 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     if HAS_KVL:
         n_keys = gl.load(KVL + b).to(gl.int32)
     n_tiles = (n_keys + BN - 1) // BN
+    j0 = n_tiles * 0
+    if DIAGONAL:
+        j0 = (pid_m * n_tiles) // (SQP // 128)
 
     run = True
     if TERM_SEL:  # one of two launches: the slices whose switch (TSEL) matches KEY_TERM
@@ -438,12 +460,12 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
             tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem,
                                             pred=n_tiles > 0)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, i, bh * SKP, bh * D, i < n_tiles, BN,
-                     KEY_TERM)
+            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
+                     bh * D, i < n_tiles, BN, KEY_TERM)
 
         args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc,
-                kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, sob, soh, sos, sod, SQ, SQP,
-                SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+                kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ,
+                SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
         # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX as constexprs)
-        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX) + args),
-                            (_consumer, (gl.constexpr(1), KEY_TERM, P_MX) + args)], [4], [REGS])
+        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX, DIAGONAL) + args),
+                            (_consumer, (gl.constexpr(1), KEY_TERM, P_MX, DIAGONAL) + args)], [4], [REGS])

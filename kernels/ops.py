@@ -122,6 +122,9 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         return _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
     from .fused_attention import fsattn_fwd_kernel
 
+    if plan.diagonal and 128 % block_m:
+        raise ValueError(f"triton kernel with key_order='diagonal': block_m {block_m}; accepted: a divisor of 128 "
+                         "(the order is set per 128-row query tile)")
     if stats is None:
         stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
     fsattn_fwd_kernel[grid](
@@ -131,8 +134,7 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         NUM_STAGES=num_stages, RNE_CVT=INTERPRET, H15=plan.h15, H15_EXP=127 + plan.p_sigma,
         BIAS=bias if bias is not None else vs, KG=ops.kg if bias is not None else qe, HAS_BIAS=bias is not None,
-        LOWER=plan.lowers,
-        FLOOR=float(plan.gate_floor), num_warps=num_warps)
+        LOWER=plan.lowers, FLOOR=float(plan.gate_floor), DIAGONAL=plan.diagonal, num_warps=num_warps)
 
 
 def _fp8_desc(t, block):
@@ -184,7 +186,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
             D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
             FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
             STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=key_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
-            num_warps=4)
+            DIAGONAL=plan.diagonal, num_warps=4)
     if nkw:
         stats[1] += _popcount(tile_bits).to(torch.int32)
 

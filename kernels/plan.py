@@ -68,6 +68,7 @@ class KernelPlan:
     smooth_q: bool = False  # the pre-pass subtracts Q's token mean; the kernel adds the key term q_mean . k_j
     h15: bool = False  # Rowmax-H15 exponential (sm90_numerics difference 8) instead of Schraudolph's
     gate_floor: int = 0  # doublings below the reference that lower it (Recipe.rollback_floor_log2); 0: never
+    diagonal: bool = False  # Recipe.key_order == "diagonal" (numerics.key_tile_order); False: from key tile 0
     # Q smoothing's per-slice switch (Recipe.smooth_q_min_ratio): the float32 bits of the squared ratio; 0: every slice
     smooth_q_ratio2_bits: int = 0
 
@@ -152,6 +153,7 @@ def plan_for(recipe) -> KernelPlan:
         smooth_q=recipe.smooth_q,
         h15=recipe.exponential == "rowmax_h15",
         gate_floor=(recipe.rollback_floor_log2 or 0) if recipe.rollback else 0,
+        diagonal=recipe.key_order == "diagonal",
         smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", q_smoothing_ratio2(recipe.smooth_q_min_ratio)))[0]
                               if recipe.smooth_q else 0),
     )

@@ -3,6 +3,7 @@
 import enum
 import sys
 import types
+import warnings
 
 import pytest
 import torch
@@ -106,3 +107,19 @@ def test_head_dim_other_than_128_is_refused(fake_aiter):
 
 def test_unavailable_without_rocm():
     assert "not ROCm" in aiter_backend._available(torch.device("cpu"))
+
+
+def test_the_diagonal_key_order_runs_aiters_own_order_and_says_so_once(fake_aiter, monkeypatch):
+    """AITER's kernel takes no key order: the default mxfp8 (diagonal) still runs there, with one warning per
+    process naming the field; the natural order (the paper presets) warns nothing."""
+    monkeypatch.setattr(aiter_backend, "_ORDER_NOTICE", [])
+    q = torch.randn(1, 40, 2, 128, generator=torch.Generator().manual_seed(0))
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        fa.attention(q, q, q, "mxfp8-paper", backend="aiter")
+        fa.attention(q, q, q, "mxfp8", backend="aiter")
+        fa.attention(q, q, q, "mxfp8", backend="aiter")
+    notes = [str(w.message) for w in seen if "key_order" in str(w.message)]
+    print(notes)
+    assert len(notes) == 1 and "key_order='diagonal'" in notes[0] and "\n" not in notes[0]
+    assert [c[0] for c in fake_aiter] == ["mha_v4_mxfp8"] * 3

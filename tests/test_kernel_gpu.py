@@ -298,7 +298,7 @@ GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 
 
 
 @pytest.mark.parametrize("variant", ["gluon_pingpong"])
-@pytest.mark.parametrize("recipe", RECIPES)
+@pytest.mark.parametrize("recipe", RECIPES + ("mxfp8+key_order=natural",))
 @pytest.mark.parametrize("case", [c if len(c) == 8 else (*c, False) for c in GLUON_CASES],
                          ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-kv{c[6]}-spiky{c[7]}")
 def test_gluon_variant_matches_triton_and_reference(case, recipe, variant):
@@ -382,6 +382,33 @@ def test_the_kernels_lower_at_the_second_low_tile_as_the_reference_does(pattern,
           f"ref {e_r:.5f}, lse maxdiff {float((lse - ref_lse).abs().max()):.2e}")
     assert int(st[0]) == ref_st["rollbacks"]
     assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and float((lse - ref_lse).abs().max()) < 5e-2
+
+
+@pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
+@pytest.mark.parametrize("pattern", ["HLLLHLLL", "LLLHLLHL"])
+def test_the_kernels_visit_the_key_tiles_in_the_recipes_order(pattern, variant):
+    """Four query tiles against eight key tiles at two score levels (tests/tile_patterns.py): in the diagonal order
+    query tile i starts at key tile 2 i, so the tiles that freeze, raise and lower the reference differ from tile to
+    tile. Each kernel moves the reference exactly where the sm90 reference does in both orders (the same rollback
+    counts), and the two orders' counts differ (the order is applied, not ignored)."""
+    if CPU_INTERPRET and variant == "gluon_pingpong":
+        pytest.skip("Gluon kernels do not run in Triton's interpreter")
+    q, k, v = patterned_tiles(pattern, rows=512, device=DEV)
+    outs = {}
+    for order in ("natural", "diagonal"):
+        name = f"mxfp8+key_order={order}"
+        out, lse, st = _kernel(q, k, v, name, None, variant)
+        ref_o, ref_lse, ref_st = sm90_reference_attention(q, k, v, get_recipe(name), scale=128 ** -0.5)
+        ex_o, _ = exact(q, k, v, 128 ** -0.5, None)
+        e_k, e_r = rel(out, ex_o), rel(ref_o, ex_o)
+        lse_diff = float((lse - ref_lse).abs().max())
+        print(f"{pattern} {variant} {order}: rollbacks kernel {st.tolist()} ref {ref_st['rollbacks']}, err kernel "
+              f"{e_k:.5f} ref {e_r:.5f}, kernel-vs-ref {rel(out, ref_o):.2e}, lse maxdiff {lse_diff:.2e}")
+        assert not torch.isnan(out).any() and torch.isfinite(lse).all()
+        assert int(st[0]) == ref_st["rollbacks"]
+        assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and lse_diff < 5e-2
+        outs[order] = out
+    assert not torch.equal(outs["natural"], outs["diagonal"])
 
 
 def test_gluon_variant_covers_the_gated_recipes_and_falls_back_otherwise():

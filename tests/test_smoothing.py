@@ -75,7 +75,10 @@ def test_robust_presets_and_paper_presets():
         assert not (paper.smooth_k or paper.smooth_q or paper.hadamard_signs)
         per_p = ROBUST_P[robust.p_format]
         assert all(getattr(robust, f) == v for f, v in per_p.items())
-        assert robust.replace(**{f: False for f in ROBUST}, **{f: None for f in per_p}, name=paper.name) == paper
+        paper_p = {f: getattr(paper, f) for f in per_p}
+        print(name, "per P format:", per_p, "paper:", paper_p)
+        assert all(per_p[f] != paper_p[f] for f in per_p)
+        assert robust.replace(**{f: False for f in ROBUST}, **paper_p, name=paper.name) == paper
 
 
 def test_rotation_signs_are_fixed_and_orthogonal():

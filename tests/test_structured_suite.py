@@ -11,6 +11,7 @@ import torch
 
 from fsattn_diffusers.measure import structured_suite as suite
 from fsattn_diffusers.measure.structured_inputs import FAMILIES, get_family, position_features
+from fsattn_diffusers.recipe import get_recipe
 from fsattn_diffusers.testing import cosine, exact_attention, relative_error
 
 B, H, S, D = 1, 2, 512, 64
@@ -311,29 +312,34 @@ def test_conventional_columns_follow_each_recipe():
 def test_query_rows_subset_is_row_exact_on_the_emulator():
     from fsattn_diffusers.recipe import PRESETS
 
-    r = PRESETS["mxfp8"]
+    r = PRESETS["mxfp8-paper"]
     assert suite._rows_per_row_exact(r, "auto", torch.device("cpu"))
     assert not suite._rows_per_row_exact(r.replace(numerics="sm90"), "auto", torch.device("cpu"))
     assert not suite._rows_per_row_exact(r, "auto", torch.device("cuda"))
     full = suite.run_suite((1, 1, 256), head_dims=(64,), dtypes=("float16",), families=["gaussian"],
-                           recipes=["mxfp8"], external=False, conventional=False)
+                           recipes=["mxfp8-paper"], external=False, conventional=False)
     sub = suite.run_suite((1, 1, 256), head_dims=(64,), dtypes=("float16",), families=["gaussian"],
-                          recipes=["mxfp8"], external=False, conventional=False, query_rows=128)
-    e_full, e_sub = full["cases"][0]["columns"]["mxfp8"]["err"], sub["cases"][0]["columns"]["mxfp8"]["err"]
+                          recipes=["mxfp8-paper"], external=False, conventional=False, query_rows=128)
+    e_full, e_sub = (res["cases"][0]["columns"]["mxfp8-paper"]["err"] for res in (full, sub))
     print(f"all rows {e_full:.4f}, 128 sampled rows {e_sub:.4f}")
     assert abs(e_full - e_sub) < 0.01 and "128 query rows" in sub["exact"]
 
 
 def test_mi355x_emulator_rows_do_not_depend_on_other_rows():
+    """In the natural key order; the diagonal order makes a row's key tiles depend on its position, so the suite
+    runs such recipes on all rows (``_rows_per_row_exact``)."""
     import fsattn_diffusers as fsa
     from fsattn_diffusers.recipe import PRESETS
 
     q, k, v = gen("offset_uniform_qk", s=512)
     rows = torch.tensor([3, 100, 257, 511])
-    for name in ("mxfp8", "mxfp4"):
-        full = fsa.attention(q, k, v, PRESETS[name], layout="bhsd", backend="emulator")[:, :, rows]
-        part = fsa.attention(q[:, :, rows], k, v, PRESETS[name], layout="bhsd", backend="emulator")
+    for name in ("mxfp8+key_order=natural", "mxfp4"):
+        assert suite._rows_per_row_exact(get_recipe(name), "emulator", torch.device("cpu"))
+        full = fsa.attention(q, k, v, name, layout="bhsd", backend="emulator")[:, :, rows]
+        part = fsa.attention(q[:, :, rows], k, v, name, layout="bhsd", backend="emulator")
         assert torch.equal(full, part), name
+    assert PRESETS["mxfp8"].key_order == "diagonal"
+    assert not suite._rows_per_row_exact(PRESETS["mxfp8"], "emulator", torch.device("cpu"))
 
 
 def test_on_case_reports_partial_results():

@@ -74,7 +74,7 @@ def _recipe_constants(recipe: str) -> dict:
 def _triton_constants(recipe: str) -> dict:
     plan = plan_for(get_recipe(recipe))
     extra = dict(H15=True, H15_EXP=127 + plan.p_sigma) if plan.h15 else {}
-    return dict(_recipe_constants(recipe), **extra)
+    return dict(_recipe_constants(recipe), DIAGONAL=plan.diagonal, **extra)
 
 
 def compile_triton(recipe="mxfp8", d=128, num_warps=ops.NUM_WARPS, stages=ops.NUM_STAGES, **const):
@@ -106,7 +106,8 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
                  kx_desc=desc(bn, pp.KEY_TERM_COLS.value) if term else ones)
     rc = _recipe_constants(recipe)
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=rc["CAP"], SIGMA=rc["SIGMA"], STAGES=stages,
-             REGS=ops.PP_WORKER_REGS, FLOOR=plan_for(get_recipe(recipe)).lowering_floor)
+             REGS=ops.PP_WORKER_REGS, FLOOR=plan_for(get_recipe(recipe)).lowering_floor,
+             DIAGONAL=plan_for(get_recipe(recipe)).diagonal)
     c.update(const)
     sig, constexprs, attrs = _signature(pp.fsattn_fwd_gluon_pingpong_kernel, types, c)
     src = GluonASTSource(fn=pp.fsattn_fwd_gluon_pingpong_kernel, signature=sig, constexprs=constexprs, attrs=attrs)

@@ -109,11 +109,12 @@ ROW_COUPLING_FIELDS = ("smooth_q",)
 
 def _rows_per_row_exact(recipe: Recipe, backend: str, device: torch.device) -> bool:
     """True when the recipe's output rows do not depend on other query rows (so q may be subset):
-    the emulator in ``mi355x`` numerics (the ``sm90`` mode shares exponents across a query tile) and no
-    statistic over the queries (:data:`ROW_COUPLING_FIELDS`)."""
+    the emulator in ``mi355x`` numerics (the ``sm90`` mode shares exponents across a query tile), no
+    statistic over the queries (:data:`ROW_COUPLING_FIELDS`) and the natural key order (the diagonal one visits a
+    row's key tiles from its query tile's position)."""
     on_emulator = backend == "emulator" or (backend == "auto" and device.type == "cpu")
     coupled = any(getattr(recipe, f, False) for f in ROW_COUPLING_FIELDS)
-    return on_emulator and recipe.numerics == "mi355x" and not coupled
+    return on_emulator and recipe.numerics == "mi355x" and not coupled and recipe.key_order == "natural"
 
 
 def conventional_recipe(recipe: Recipe) -> Recipe:
