@@ -130,11 +130,14 @@ def _attend_rows(qo, ko, vo, valid, post, num: MI355XNumerics, stats, bias, kept
                 dst[:, r0:r0 + rows] = src
         return tuple(out)
     # Per query tile; the order depends on the number of key tiles holding valid keys, so slices (groups) with the
-    # same count go together.
-    n_valid = torch.full((g,), -(-s_k // n)) if valid is None else (valid.sum(dim=1).cpu() + n - 1) // n
+    # same count go together (without kv_lens: all of them, with no data-dependent step for torch.compile).
+    if valid is None:
+        groups = [(-(-s_k // n), slice(None))]
+    else:
+        n_valid = (valid.sum(dim=1).cpu() + n - 1) // n
+        groups = [(c, (n_valid == c).nonzero().flatten().to(qo.device)) for c in sorted(set(n_valid.tolist()))]
     n_qt = -(-s_q // tm)
-    for count in sorted(set(n_valid.tolist())):
-        sel = (n_valid == count).nonzero().flatten().to(qo.device)
+    for count, sel in groups:
         part = None if valid is None else valid[sel]
         for qt in range(n_qt):
             r0, r1 = qt * tm, min(qt * tm + tm, s_q)
