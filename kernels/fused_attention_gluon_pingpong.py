@@ -240,9 +240,9 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
     (kernels.gluon_mxfp6_p; the row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
     Both partitions run this function; ``WG``, ``KEY_TERM``, ``P_MX`` and ``DIAGONAL`` reach it as ``gl.constexpr``
-    arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA`` arrive as
-    runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings, ``inf``: never)
-    lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
+    arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA``
+    arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings,
+    ``inf``: never) lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
@@ -329,7 +329,8 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
                 _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, prev,
-                         _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), krow0, vrow0, j - 1 + STAGES < n_tiles, BN, KEY_TERM)
+                         _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), krow0, vrow0, j - 1 + STAGES < n_tiles,
+                         BN, KEY_TERM)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
                 # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
                 delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
@@ -460,12 +461,12 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
             tma.async_copy_global_to_shared(qx_desc, [qx_tile * WG_ROWS, 0], onesbar.index(1), qx_smem,
                                             pred=n_tiles > 0)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
-                     bh * D, i < n_tiles, BN, KEY_TERM)
+            _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL),
+                     bh * SKP, bh * D, i < n_tiles, BN, KEY_TERM)
 
         args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc,
                 kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ,
                 SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
-        # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX as constexprs)
+        # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX, DIAGONAL as constexprs)
         gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX, DIAGONAL) + args),
                             (_consumer, (gl.constexpr(1), KEY_TERM, P_MX, DIAGONAL) + args)], [4], [REGS])

@@ -109,10 +109,12 @@ def test_unavailable_without_rocm():
     assert "not ROCm" in aiter_backend._available(torch.device("cpu"))
 
 
-def test_the_diagonal_key_order_runs_aiters_own_order_and_says_so_once(fake_aiter, monkeypatch):
+def test_the_diagonal_key_order_runs_aiters_own_order_and_says_so_once(fake_aiter):
     """AITER's kernel takes no key order: the default mxfp8 (diagonal) still runs there, with one warning per
     process naming the field; the natural order (the paper presets) warns nothing."""
-    monkeypatch.setattr(aiter_backend, "_ORDER_NOTICE", [])
+    from fsattn_diffusers import backends
+
+    backends._WARNED.clear()
     q = torch.randn(1, 40, 2, 128, generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")

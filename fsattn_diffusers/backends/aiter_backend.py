@@ -29,10 +29,9 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ..hadamard import rotation_signs
-from ..notices import warn
 from ..recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO
 from ..smoothing import q_smoothing_heads, subtract_mean, token_mean
-from .registry import Backend, register_backend
+from .registry import Backend, register_backend, warn_once
 
 # AITER's mha_v4 kernels take head dim 128 only.
 AITER_HEAD_DIM = 128
@@ -63,7 +62,6 @@ HOST_FIELDS = dict(smooth_k=False, hadamard_signs=False, rollback_floor_log2=Non
                    smooth_q_min_ratio=Q_SMOOTHING_MIN_RATIO)
 #: Recipe fields AITER's kernel does not take; a call runs with the paper's value (see the module docstring).
 KERNEL_ORDER_FIELDS = dict(key_order="natural")
-_ORDER_NOTICE = []
 
 
 def preset_of(recipe) -> Optional[str]:
@@ -117,10 +115,9 @@ def aiter_call(recipe, mod) -> Tuple[Callable, tuple]:
 def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     mod = _module()
     fn, formats = aiter_call(recipe, mod)
-    if recipe.key_order != KERNEL_ORDER_FIELDS["key_order"] and not _ORDER_NOTICE:
-        _ORDER_NOTICE.append(True)
-        warn(f"AITER mha_v4 visits the key tiles from tile 0; the recipe's key_order={recipe.key_order!r} is not "
-             "applied there (warned once per process)")
+    if recipe.key_order != KERNEL_ORDER_FIELDS["key_order"]:
+        warn_once("aiter:key_order", f"fsattn: AITER mha_v4 visits the key tiles from tile 0; the recipe's "
+                  f"key_order={recipe.key_order!r} is not applied there (warned once per process)")
     q, k = host_inputs(q, k, recipe)
     # Our views are (B, H, S, D); AITER wants contiguous BF16 BSHD.
     q_, k_, v_ = (t.transpose(1, 2).to(torch.bfloat16).contiguous() for t in (q, k, v))

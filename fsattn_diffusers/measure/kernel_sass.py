@@ -105,9 +105,9 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
                  qx_desc=desc(pp.WG_ROWS.value, pp.KEY_TERM_COLS.value) if term else ones,
                  kx_desc=desc(bn, pp.KEY_TERM_COLS.value) if term else ones)
     rc = _recipe_constants(recipe)
+    plan = plan_for(get_recipe(recipe))
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, CAP=rc["CAP"], SIGMA=rc["SIGMA"], STAGES=stages,
-             REGS=ops.PP_WORKER_REGS, FLOOR=plan_for(get_recipe(recipe)).lowering_floor,
-             DIAGONAL=plan_for(get_recipe(recipe)).diagonal)
+             REGS=ops.PP_WORKER_REGS, FLOOR=plan.lowering_floor, DIAGONAL=plan.diagonal)
     c.update(const)
     sig, constexprs, attrs = _signature(pp.fsattn_fwd_gluon_pingpong_kernel, types, c)
     src = GluonASTSource(fn=pp.fsattn_fwd_gluon_pingpong_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
