@@ -343,7 +343,7 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
     lowering (``rollback_floor_log2=10``) both kernels lower it at the first tile that peaks 10 doublings down, as the
     sm90 reference does (same rollback counts within 2%), and recover the other keys' weights that fp8_row P had
     flushed; without it they keep the reference; with Q smoothing (the per-key score term added before the gates) as
-    well. Rule as everywhere: err <= 2 err(ref) + 1e-3, within 2e-2 of it, LSE within 5e-2."""
+    well. Rule as everywhere: err <= 2 err(ref) + 1e-3, within 2e-2 of it; the LSE rule is stated below."""
     if CPU_INTERPRET and variant == "gluon_pingpong":
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     s_k = 2048 if CPU_INTERPRET else 8192
@@ -356,18 +356,23 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
     e_k, e_r = rel(out, ex_o), rel(ref_o, ex_o)
     dl = (lse - ref_lse).abs().flatten()
     lse_diff, worst = float(dl.max()), int(dl.argmax())
-    off = dl > 5e-2  # rows whose LSE moved: where a gate decision of the kernel differs from the reference's
+    off = dl > 5e-2  # reported: rows whose LSE moved (see the rule below)
     row_diff = rel(out.flatten(0, 2)[worst], ref_o.flatten(0, 2)[worst])
     print(f"{recipe} {variant} sink S_k={s_k}: err kernel {e_k:.5f} ref {e_r:.5f} kernel-vs-ref {rel(out, ref_o):.2e} "
           f"lse maxdiff {lse_diff:.2e} (row {worst}: output row differs by {row_diff:.2e}; rows above 5e-2: "
           f"{int(off.sum())}) | rollbacks kernel {st.tolist()} ref {ref_st}")
     assert not torch.isnan(out).any() and torch.isfinite(lse).all()
     assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2
-    # The kernels' scores carry FP8 GEMM rounding, so a peak near the lowering's threshold may lower in one and not
-    # in the other; that row's LSE then moves by the mass the unlowered one leaves in E4M3's subnormals. As many
-    # such rows as rollbacks may differ; every other row's LSE within 5e-2.
+    # The kernels' scores carry the FP8 tensor cores' accumulation, which the reference does not model. A row rolled
+    # back to the sink (diagonal order: the sink's tile comes later) has m = the old reference + whole doublings, so
+    # the sink's P * 2^4 sits anywhere in [8, 16), where E4M3's step is 1: a score moved by that rounding can flip the
+    # rounding of its P by one step, 1/8 of it at most, moving the row's l by at most that fraction (CPU emulator: a
+    # 1e-4 relative change of every score moves such rows' LSE by up to 0.117 = ln(9/8), other rows by < 6e-3).
+    # Rule: every row's LSE within ln(9/8) + 1e-2 of the reference's, and the mean over rows within 1e-2.
+    lse_mean = float(dl.mean())
+    print(f"    lse mean diff {lse_mean:.2e}, bound per row {math.log(9 / 8) + 1e-2:.4f}")
+    assert lse_diff <= math.log(9 / 8) + 1e-2 and lse_mean < 1e-2
     slack = max(2, ref_st["rollbacks"] // 50)
-    assert int(off.sum()) <= slack and lse_diff < 0.25
     assert abs(int(st[0]) - ref_st["rollbacks"]) <= slack
     if get_recipe(recipe).rollback_floor_log2 is not None:
         assert int(st[0]) > 0 and ref_st["rollbacks"] > 0

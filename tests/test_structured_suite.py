@@ -301,6 +301,10 @@ def test_conventional_columns_follow_each_recipe():
     conv = suite.conventional_recipe(paper_preset("mxfp6").replace(numerics="sm90"))
     assert conv.numerics == "mi355x" and conv.exponential == "exact" and not conv.frozen_max
     assert conv.replace(name="x") == table4_recipe("conventional", "mxfp6").replace(name="x")
+    # the default mxfp8 visits its own key tile first; its conventional column runs the natural order
+    conv8 = suite.conventional_recipe(PRESETS["mxfp8"])
+    print("mxfp8", PRESETS["mxfp8"].key_order, "-> conventional", conv8.key_order)
+    assert PRESETS["mxfp8"].key_order == "diagonal" and conv8.key_order == "natural"
     res = suite.run_suite((1, 1, 64), head_dims=(64,), dtypes=("bfloat16",), families=["gaussian"],
                           recipes=["mxfp8", PRESETS["mxfp8"].replace(name="mxfp8-copy"), "bf16"], external=False)
     print(res["columns"])
