@@ -32,11 +32,14 @@ PROXIES = ("u32", "u16", "u8")
 NUMERICS = ("mi355x", "sm90")
 #: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
 KEY_ORDERS = ("natural", "diagonal")
-#: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default). CPU emulator study
-#: (benchmarks/results/q_smoothing_statistic_cpu.md): slices without a shared Q component give ~1/sqrt(S_q) (0.02 at
-#: 2048 queries), where smoothing moves the error by -0.13..+0.05 pp; Q offsets give 1.8-3.0, locality 0.21, an
-#: attention sink 0.35, where it helps.
-Q_SMOOTHING_MIN_RATIO = 0.1
+#: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default): a (batch, head) slice is smoothed when its
+#: query mean's norm exceeds its queries' rms distance from that mean. The statistic (CPU emulator study,
+#: benchmarks/results/q_smoothing_statistic_cpu.md; structured families at (1, 8, 8192)): ~1/sqrt(S_q) without a shared
+#: Q component (0.01 at 8192 queries), locality 0.2, an attention sink 0.35-0.5, Q offsets 1.8-3.0. At 1 only the
+#: offsets are smoothed, where it halves the error (H200, 4 seeds: offset_uniform_q 10.7% -> 4.7%); locality and the
+#: sink gain <= 0.1 pp from it, not worth the key term's 6-9% kernel time on their slices (0.1 took them until
+#: 2026-12-03).
+Q_SMOOTHING_MIN_RATIO = 1.0
 
 
 def _check_choice(field: str, value, accepted) -> None:
@@ -207,8 +210,11 @@ class Recipe:
 
 
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
-#: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7).
-ROBUST = dict(hadamard_signs=True, smooth_k=True)
+#: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7): the
+#: signed rotation, K smoothing, and Q smoothing on the slices whose queries share a large offset (the switch
+#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics: +0.4% / +0.2% kernel
+#: time at the paper / Wan2.2 shapes on normal inputs, H200).
+ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks), and visits the key tiles diagonal first (the reference from the row's own

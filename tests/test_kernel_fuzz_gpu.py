@@ -34,12 +34,13 @@ from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, eff
 from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
-#: Every preset the kernels run, Rowmax-H15 (the kernels' second exponential) and Q smoothing (its key term, a wgmma the
-#: score GEMM is chained on in gluon_pingpong: with fp8_row P and the lowering gate, and with MXFP6 P; on every slice,
-#: and switched per slice, where the inputs give Q's even heads a shared offset: kernel_fuzz.SWITCH_Q_OFFSET).
+#: Every preset the kernels run (the default ones switch Q smoothing per slice, so their inputs give Q's even heads a
+#: shared offset, kernel_fuzz.SWITCH_Q_OFFSET, and both of the kernel's launches run), Rowmax-H15 (the kernels' second
+#: exponential) and Q smoothing on every slice (its key term, a wgmma the score GEMM is chained on in gluon_pingpong:
+#: with fp8_row P and the lowering gate, and with MXFP6 P).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
                 ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q+smooth_q_min_ratio=0",
-                     "mxfp6+smooth_q+smooth_q_min_ratio=0", "mxfp8+smooth_q")
+                     "mxfp6+smooth_q+smooth_q_min_ratio=0")
 FUZZ_VARIANTS = VARIANTS + ("api",)
 
 

@@ -140,11 +140,11 @@ def test_lse_bounds_cover_a_different_summation_order(monkeypatch, recipe_name):
 def test_switch_recipes_get_heads_on_both_sides_of_the_switch(layout, strided):
     """Fuzz inputs for Q smoothing's per-slice switch: the even heads carry SWITCH_Q_OFFSET and take the key term, the
     odd ones (normal queries) do not, so both kernel launches run; other recipes' Q is left as drawn."""
-    case = Case(0, 7, "mxfp8+smooth_q", "triton", 2, 4, 512, 64, 64, "bf16", layout, strided, None, False)
+    case = Case(0, 7, "mxfp8", "triton", 2, 4, 512, 64, 64, "bf16", layout, strided, None, False)  # the preset switches
     (q, k, v), _ = make_inputs(case, "cpu")
-    (q0, k0, v0), _ = make_inputs(dataclasses.replace(case, recipe="mxfp8"), "cpu")
+    (q0, k0, v0), _ = make_inputs(dataclasses.replace(case, recipe="mxfp8+smooth_q=false"), "cpu")
     sel = q_smoothing_heads(q, get_recipe(case.recipe).smooth_q_min_ratio)
     print(f"{layout}{' strided' if strided else ''}: smoothed slices {sel.int().tolist()}")
     assert sel.tolist() == [[True, False, True, False]] * 2
-    assert not q_smoothing_heads(q0, get_recipe(case.recipe).smooth_q_min_ratio).any()
+    assert not q_smoothing_heads(q0, get_recipe(case.recipe).smooth_q_min_ratio).any()  # drawn without the offset
     assert torch.equal(k, k0) and torch.equal(v, v0) and torch.equal(q[:, 1::2], q0[:, 1::2])

@@ -337,7 +337,7 @@ def test_gluon_variant_matches_triton_and_reference(case, recipe, variant):
 
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
 @pytest.mark.parametrize("recipe", ["mxfp8", "mxfp8+rollback_floor_log2=none", "mxfp8+smooth_q+smooth_q_min_ratio=0",
-                                    "mxfp8+smooth_q", "mxfp6"])
+                                    "mxfp8+smooth_q_min_ratio=0.1", "mxfp6"])
 def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, variant):
     """Key 0 a sink (structured family ``attention_sink``): the frozen reference is its score. With the default
     lowering (``rollback_floor_log2=10``) both kernels lower it at the first tile that peaks 10 doublings down, as the

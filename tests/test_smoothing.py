@@ -109,15 +109,16 @@ def test_shared_offsets_no_longer_break_mxfp8():
 
 
 def test_recipe_names_with_changes():
-    r = fa.get_recipe("mxfp8+smooth_q")
-    assert r.smooth_q and r.name == "mxfp8+smooth_q" and r.replace(smooth_q=False, name="mxfp8") == PRESETS["mxfp8"]
-    assert r.smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO
+    assert PRESETS["mxfp8"].smooth_q and PRESETS["mxfp8"].smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO == 1.0
+    r = fa.get_recipe("mxfp8+smooth_q=false")
+    assert not r.smooth_q and r.name == "mxfp8+smooth_q=false" and r.replace(smooth_q=True, name="mxfp8") == PRESETS["mxfp8"]
+    assert fa.get_recipe("mxfp8-paper+smooth_q").smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO
     r = fa.get_recipe("mxfp8+smooth_q+smooth_q_min_ratio=0")
     assert r.smooth_q and r.smooth_q_min_ratio == 0.0
     r = fa.get_recipe("mxfp8-paper+proxy=u32+rollback_cap_log2=24")
     assert (r.proxy, r.rollback_cap_log2, r.smooth_k) == ("u32", 24, False)
-    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=True)
-    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=True+qk_scale_rule=floor"
+    derived = PRESETS["mxfp8"].replace(proxy="u32", rollback_cap_log2=24, qk_scale_rule="floor", smooth_q=False)
+    assert derived.name == "mxfp8+proxy=u32+rollback_cap_log2=24+smooth_q=False+qk_scale_rule=floor"
     assert fa.get_recipe(derived.name) == derived  # a derived name parses back into the same recipe
     for bad, msg in (("mxfp8+nosuch", "unknown Recipe field"), ("nope", "unknown recipe"),
                      ("mxfp8+smooth_q=maybe", "not a bool"), ("mxfp8+tile_n=x", "not an integer"),
@@ -150,12 +151,13 @@ def test_q_smoothing_selects_the_heads_with_a_shared_query_component():
 @pytest.mark.parametrize("numerics", ["mi355x", "sm90"])
 @pytest.mark.parametrize("name", ["mxfp8", "mxfp6"])
 def test_the_switch_gives_each_head_the_output_of_its_setting(name, numerics):
-    """``+smooth_q`` (the switch at 0.1) = Q smoothing off on heads 0/2 and on every slice on heads 1/3, bit for bit."""
+    """The preset's Q smoothing (the switch at 1.0) = Q smoothing off on heads 0/2 and on every slice on heads 1/3,
+    bit for bit."""
     q, k, v = _mixed_heads()
     scale = 128 ** -0.5
     run = lambda r: emulate_attention(q, k, v, r.replace(numerics=numerics), scale=scale, return_lse=True)[:2]  # noqa
-    auto, lse = run(PRESETS[name].replace(smooth_q=True))
-    off, lse_off = run(PRESETS[name])
+    auto, lse = run(PRESETS[name])
+    off, lse_off = run(PRESETS[name].replace(smooth_q=False))
     on, lse_on = run(PRESETS[name].replace(smooth_q=True, smooth_q_min_ratio=0.0))
     ref, _ = _exact(q, k, v, scale)
     err = lambda o, hs: float((o[:, hs].double() - ref[:, hs]).norm() / ref[:, hs].norm())  # noqa
@@ -204,14 +206,14 @@ def test_q_lens_with_q_smoothing_skips_backends_that_do_not_take_it():
     registry.register_backend(registry.Backend("no_q_lens", fn, lambda d: None, lambda *a, **kw: None))
     q, k, v = _mixed_heads(s_q=64, s_k=64)
     try:
-        fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="no_q_lens", q_lens=[50])
+        fa.attention(q, k, v, "mxfp8+smooth_q=false", layout="bhsd", backend="no_q_lens", q_lens=[50])
         with pytest.warns(RuntimeWarning, match="no q_lens"):
-            fa.attention(q, k, v, "mxfp8+smooth_q", layout="bhsd", backend="no_q_lens", q_lens=[50])
-        fa.attention(q, k, v, "mxfp8+smooth_q", layout="bhsd", backend="no_q_lens")
+            fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="no_q_lens", q_lens=[50])
+        fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="no_q_lens")
     finally:
         registry.unregister_backend("no_q_lens")
     print("calls the backend took:", calls)
-    assert calls == ["mxfp8", "mxfp8+smooth_q"]
+    assert calls == ["mxfp8+smooth_q=false", "mxfp8"]
     for bad, msg in (([65], r"q_lens values must lie in \[0, 64\] \(the query length\)"),
                      ([1, 2], r"q_lens must be an int tensor of shape \(1,\)"),
                      (torch.tensor([0.5]), "q_lens must be an int tensor")):
