@@ -111,7 +111,8 @@ def test_shared_offsets_no_longer_break_mxfp8():
 def test_recipe_names_with_changes():
     assert PRESETS["mxfp8"].smooth_q and PRESETS["mxfp8"].smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO == 1.0
     r = fa.get_recipe("mxfp8+smooth_q=false")
-    assert not r.smooth_q and r.name == "mxfp8+smooth_q=false" and r.replace(smooth_q=True, name="mxfp8") == PRESETS["mxfp8"]
+    assert not r.smooth_q and r.name == "mxfp8+smooth_q=false"
+    assert r.replace(smooth_q=True, name="mxfp8") == PRESETS["mxfp8"]
     assert fa.get_recipe("mxfp8-paper+smooth_q").smooth_q_min_ratio == Q_SMOOTHING_MIN_RATIO
     r = fa.get_recipe("mxfp8+smooth_q+smooth_q_min_ratio=0")
     assert r.smooth_q and r.smooth_q_min_ratio == 0.0
