@@ -99,6 +99,28 @@ def test_cases_aiter_cannot_take_fall_back_with_a_warning(fake_aiter, kwargs, wh
     assert not fake_aiter  # never called
 
 
+@pytest.mark.parametrize("offset_rows,runs_aiter", [("padded", True), ("valid", False)])
+def test_q_smoothing_switch_counts_only_the_queries_before_q_lens(fake_aiter, offset_rows, runs_aiter):
+    """With ``q_lens``, the default preset's Q-smoothing switch looks at the valid queries only: padded rows with a
+    large shared offset leave the call on AITER; the same offset on the valid rows sends it to the fallback."""
+    from fsattn_diffusers import backends
+
+    backends._WARNED.clear()
+    q = torch.randn(1, 400, 2, 128, generator=torch.Generator().manual_seed(0))
+    rows = slice(300, None) if offset_rows == "padded" else slice(None, 300)
+    q[:, rows] += 3.0
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        out = fa.attention(q, q, q, "mxfp8", backend="aiter", q_lens=[300])
+    fallbacks = [str(w.message) for w in seen if "falling back" in str(w.message)]
+    print(offset_rows, [c[0] for c in fake_aiter], fallbacks)
+    assert bool(fake_aiter) == runs_aiter
+    assert bool(fallbacks) != runs_aiter
+    if not runs_aiter:
+        assert "Q smoothing selects 2 of 2" in fallbacks[0]
+    assert torch.isfinite(out).all()
+
+
 def test_head_dim_other_than_128_is_refused(fake_aiter):
     q = torch.randn(1, 40, 2, 64)
     assert "head dim 128" in aiter_backend._unsupported(q.transpose(1, 2), q, q, fa.PRESETS["mxfp6"],

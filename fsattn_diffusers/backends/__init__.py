@@ -6,7 +6,8 @@ stats or None)``. Each backend also says whether it is usable here (``available(
 the reason when not) and whether it can take one particular call (``unsupported(...) -> str | None``).
 A backend that finds non-finite inputs as a by-product of its own reads says so (``detects_nonfinite``): its ``fn``
 then also takes ``detect_nonfinite`` and returns the flags as a fourth value. One that honours ``attention``'s
-``q_lens`` (Q smoothing's valid queries) says so (``takes_q_lens``) and takes it as a keyword.
+``q_lens`` (Q smoothing's valid queries) says so (``takes_q_lens``) and takes it as a keyword, in ``fn`` and in
+``unsupported``.
 """
 
 from __future__ import annotations
@@ -75,7 +76,8 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
     for cand in candidates:
         be = backends[cand]
         missing = be.available_on(q.device)
-        why = missing or be.unsupported(q, k, v, recipe, kv_lens=kv_lens, return_lse=return_lse)
+        lens = dict(q_lens=q_lens) if be.takes_q_lens else {}
+        why = missing or be.unsupported(q, k, v, recipe, kv_lens=kv_lens, return_lse=return_lse, **lens)
         if why is None and q_lens is not None and recipe.smooth_q and not be.takes_q_lens:
             why = "no q_lens (Q smoothing's mean over the valid queries)"
         if why is not None:
@@ -90,9 +92,7 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
                       f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
         if be.slow:
             warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
-        args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats)
-        if be.takes_q_lens:
-            args["q_lens"] = q_lens
+        args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats, **lens)
         if be.detects_nonfinite:
             return be.fn(q, k, v, recipe, **args, detect_nonfinite=detect_nonfinite)
         return (*be.fn(q, k, v, recipe, **args), None)

@@ -13,8 +13,8 @@ host (``H diag(s) x = H (s * x)``, exact; AITER's own rotation then applies ``H`
 (``rollback_floor_log2``) is a no-op under AITER's semantics, where P carries a scale per row and key tile (the
 emulator's ``mi355x`` mode gives bit-identical outputs with and without it: tests/test_rollback_floor.py). Q smoothing
 (``smooth_q``) needs a per-key score term that ``mha_v4`` cannot add: a call whose queries select it on any slice
-(``smoothing.q_smoothing_heads``, a host-side check) is not taken, so it falls back with a warning; on the other
-calls the switch leaves Q as it is and the call is AITER's. The default mxfp8 preset's ``key_order="diagonal"``
+(``smoothing.q_smoothing_heads`` over the valid queries, those before ``q_lens``: a host-side check) is not taken, so
+it falls back with a warning; on the other calls the switch leaves Q as it is and the call is AITER's. The default mxfp8 preset's ``key_order="diagonal"``
 (each query tile starts at its own key tile) is not an argument of ``mha_v4``: AITER visits the key tiles in its
 own order from tile 0, as the paper does, and the adapter says so once per process (in the emulator's ``mi355x``
 mode the diagonal order takes the ``locality`` family from 6.9% to 6.5% at S = 4096).
@@ -85,7 +85,7 @@ def host_inputs(q, k, recipe):
     return q, k
 
 
-def _unsupported(q, k, v, recipe, *, kv_lens, return_lse) -> Optional[str]:
+def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None) -> Optional[str]:
     if preset_of(recipe) is None:
         return (f"AITER runs only the presets {', '.join(AITER_FORMATS)} and their {PAPER_SUFFIX} forms "
                 f"(fields other than {', '.join([*HOST_FIELDS, *KERNEL_ORDER_FIELDS])} unchanged)")
@@ -96,7 +96,9 @@ def _unsupported(q, k, v, recipe, *, kv_lens, return_lse) -> Optional[str]:
     if return_lse:
         return "AITER mha_v4 returns no LSE"
     if recipe.smooth_q:
-        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio).sum())
+        valid_q = None if q_lens is None else \
+            torch.arange(q.shape[2], device=q.device)[None, :] < q_lens.to(q.device)[:, None]
+        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_q).sum())
         if n:
             return (f"Q smoothing selects {n} of {q.shape[0] * q.shape[1]} (batch, head) slices and AITER mha_v4 "
                     f"cannot add its per-key term")
@@ -112,7 +114,8 @@ def aiter_call(recipe, mod) -> Tuple[Callable, tuple]:
     return mod.mha_v4, formats
 
 
-def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=None):
+    # q_lens only decides Q smoothing's switch (checked in _unsupported); the rows past it are computed all the same.
     mod = _module()
     fn, formats = aiter_call(recipe, mod)
     if recipe.key_order != KERNEL_ORDER_FIELDS["key_order"]:
@@ -130,4 +133,4 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     return out.transpose(1, 2).to(q.dtype), None, stats
 
 
-register_backend(Backend("aiter", _run, _available, _unsupported))
+register_backend(Backend("aiter", _run, _available, _unsupported, takes_q_lens=True))

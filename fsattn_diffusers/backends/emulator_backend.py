@@ -9,7 +9,7 @@ def _available(device):
     return None
 
 
-def _unsupported(q, k, v, recipe, *, kv_lens, return_lse):
+def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None):
     return None
 
 

@@ -19,8 +19,8 @@ class Backend:
     #: :func:`fsattn_diffusers.nonfinite.detect` found by its own reads of q, k, v, as a
     #: :class:`~fsattn_diffusers.nonfinite.StagedFlags` (else None), so that the call needs no detection pass.
     detects_nonfinite: bool = False
-    #: ``fn`` also takes ``q_lens`` (int64 (B,) or None): the valid queries that Q smoothing's mean and switch count.
-    #: A call with ``q_lens`` and a Q-smoothing recipe runs only on backends that take it.
+    #: ``fn`` and ``unsupported`` also take ``q_lens`` (int64 (B,) or None): the valid queries that Q smoothing's mean
+    #: and switch count. A call with ``q_lens`` and a Q-smoothing recipe runs only on backends that take it.
     takes_q_lens: bool = False
     #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
     #: ``torch.compile`` traces (the probes themselves import modules and query the device).

@@ -23,7 +23,7 @@ def _available(device):
     return None
 
 
-def _unsupported(q, k, v, recipe, *, kv_lens, return_lse):
+def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None):
     from ..kernels.plan import unsupported_reason
 
     return unsupported_reason(recipe, q.shape[-1])
