@@ -7,9 +7,10 @@
 #          (TEST_FILES overrides the list; -s: one line per case) -> gpu_tests_h200.txt, ~4 min. The CPU tests are CI's
 #          (.ci/run); the device lacks the package's CPU-side dependencies (imageio, ...), so they are not run here.
 #   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
-#          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-7 s, mostly Triton compiling the
+#          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-30 s, mostly Triton compiling the
 #          specialization its shapes and strides ask for, so FSATTN_FUZZ_JOBS (default 6) processes share the GPU,
-#          each running one slice of the same seeded list (300 cases: ~2.5 min with 8 on the H200). Knobs:
+#          each running one slice of the same seeded list (300 cases: ~5 min with 8 on the H200, 2026-12-03; a slice
+#          still running at LIMIT, default 560 s, is cut and its unfinished case not counted). Knobs:
 #          FSATTN_FUZZ_CASES (default 300), FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK; FSATTN_FUZZ_SLICE=a:b runs cases
 #          a..b-1 in one process instead. Failed cases then run again through each kernel path
 #          (scripts/kernel_fuzz_triage.py, TRIAGE_LIMIT s) -> kernel_fuzz_triage.txt.
