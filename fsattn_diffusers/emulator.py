@@ -14,7 +14,7 @@ import torch
 from .exponent import LN2
 from .numerics import MI355XNumerics, key_tile_order, numerics_for
 from .recipe import ROLLBACK_FLOOR_LIMIT_LOG2, Recipe
-from .smoothing import smooth_inputs
+from .smoothing import smooth_inputs, valid_prefix
 
 # Upper bound on (groups x rows x keys) elements of one score slab: ~256 MB of float32.
 _SLAB_ELEMENTS = 1 << 26
@@ -174,8 +174,8 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     num = numerics_for(recipe)
     b, h, s_q, d = q.shape
     s_k = k.shape[2]
-    valid_b = None if kv_lens is None else torch.arange(s_k, device=q.device)[None, :] < kv_lens.to(q.device)[:, None]
-    valid_q = None if q_lens is None else torch.arange(s_q, device=q.device)[None, :] < q_lens.to(q.device)[:, None]
+    valid_b = valid_prefix(kv_lens, s_k, q.device)
+    valid_q = valid_prefix(q_lens, s_q, q.device)
     with torch.no_grad():
         q_in, k_in, bias, lse_offset = smooth_inputs(q, k, recipe, scale, valid_b, valid_q)
         qo, ko, vo, post, bias, kept = num.operands(q_in, k_in, v, scale, valid_b, bias)

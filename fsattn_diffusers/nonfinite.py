@@ -25,16 +25,12 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from .smoothing import valid_prefix
+
 _PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Score elements of one float64 block in the exact recomputation (128 MiB).
 _EXACT_BLOCK = 1 << 24
 _WARNED = False
-
-
-def _valid_keys(kv_lens: Optional[torch.Tensor], s_k: int, device) -> Optional[torch.Tensor]:
-    if kv_lens is None:
-        return None
-    return torch.arange(s_k, device=device)[None, :] < kv_lens.to(device)[:, None]  # (B, S_k)
 
 
 def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor] = None
@@ -57,7 +53,7 @@ def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[
     if torch.compiler.is_compiling():
         return None
     with torch.no_grad():
-        valid = _valid_keys(kv_lens, k.shape[2], k.device)
+        valid = valid_prefix(kv_lens, k.shape[2], k.device)
         flags = None
         for i, t in enumerate((q, k, v)):
             lo, hi = torch.aminmax(t, dim=-1)  # (B, H, S)
@@ -106,7 +102,7 @@ def count_nonfinite(q, k, v, flags: torch.Tensor, kv_lens: Optional[torch.Tensor
     with torch.no_grad():
         bi, hi = flags.nonzero(as_tuple=True)
         counts = {"q": int((~torch.isfinite(q[bi, hi])).sum())}
-        valid = _valid_keys(kv_lens, k.shape[2], k.device)
+        valid = valid_prefix(kv_lens, k.shape[2], k.device)
         for name, t in (("k", k), ("v", v)):
             bad = (~torch.isfinite(t[bi, hi])).sum(dim=-1)  # (n, S_k)
             if valid is not None:
@@ -213,7 +209,7 @@ def repair(flags: torch.Tensor, q, k, v, out: torch.Tensor, lse: Optional[torch.
         ((counts["q"] or counts["k"]) and recipe.qk_format == "fp8")
     if per_tensor:  # one element set the scale of every slice: re-run on a cleaned copy
         out, lse, stats = rerun(_sanitized(q), _sanitized(k), _sanitized(v))
-    valid = _valid_keys(kv_lens, k.shape[2], k.device)
+    valid = valid_prefix(kv_lens, k.shape[2], k.device)
     for i in range(len(bi)):  # one slice at a time bounds the float64 temporaries
         b, h = bi[i:i + 1], hi[i:i + 1]
         o, l = exact_slices(q[b, h], k[b, h], v[b, h], scale=scale, valid=None if valid is None else valid[b])

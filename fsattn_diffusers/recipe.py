@@ -212,8 +212,8 @@ class Recipe:
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7): the
 #: signed rotation, K smoothing, and Q smoothing on the slices whose queries share a large offset (the switch
-#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics: +0.4% / +0.2% kernel
-#: time at the paper / Wan2.2 shapes on normal inputs, H200).
+#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics: kernel time +0.5% / +2.0%
+#: at the paper / Wan2.2 shapes on normal inputs, H200, benchmarks/results/q_smoothing_default_bench_h200.md).
 ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal

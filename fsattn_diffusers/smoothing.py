@@ -24,6 +24,14 @@ from .operands import LOG2E
 MEAN_CHUNKS = 16
 
 
+def valid_prefix(lens: Optional[torch.Tensor], length: int, device) -> Optional[torch.Tensor]:
+    """The tokens before ``lens[b]`` (``kv_lens`` or ``q_lens``, (B,) ints) of each batch entry: (B, length) bool on
+    ``device``, or None when ``lens`` is None (every token valid). The ``valid`` masks the functions here take."""
+    if lens is None:
+        return None
+    return torch.arange(length, device=device)[None, :] < lens.to(device)[:, None]
+
+
 def _token_sum(x: torch.Tensor, squares: bool = False) -> torch.Tensor:
     """Float64 sum over dim 2 of ``BF16(x)`` (B, H, S, D), or of its squares, in chunks of tokens: (B, H, 1, D)."""
     step = max(1, -(-x.shape[2] // MEAN_CHUNKS))

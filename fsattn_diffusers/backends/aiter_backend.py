@@ -14,10 +14,10 @@ host (``H diag(s) x = H (s * x)``, exact; AITER's own rotation then applies ``H`
 emulator's ``mi355x`` mode gives bit-identical outputs with and without it: tests/test_rollback_floor.py). Q smoothing
 (``smooth_q``) needs a per-key score term that ``mha_v4`` cannot add: a call whose queries select it on any slice
 (``smoothing.q_smoothing_heads`` over the valid queries, those before ``q_lens``: a host-side check) is not taken, so
-it falls back with a warning; on the other calls the switch leaves Q as it is and the call is AITER's. The default mxfp8 preset's ``key_order="diagonal"``
-(each query tile starts at its own key tile) is not an argument of ``mha_v4``: AITER visits the key tiles in its
-own order from tile 0, as the paper does, and the adapter says so once per process (in the emulator's ``mi355x``
-mode the diagonal order takes the ``locality`` family from 6.9% to 6.5% at S = 4096).
+it falls back with a warning; on the other calls the switch leaves Q as it is and the call is AITER's. The default
+mxfp8 preset's ``key_order="diagonal"`` (each query tile starts at its own key tile) is not an argument of ``mha_v4``:
+AITER visits the key tiles in its own order from tile 0, as the paper does, and the adapter says so once per process
+(in the emulator's ``mi355x`` mode the diagonal order takes the ``locality`` family from 6.9% to 6.5% at S = 4096).
 """
 
 from __future__ import annotations
@@ -30,7 +30,7 @@ import torch
 
 from ..hadamard import rotation_signs
 from ..recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO
-from ..smoothing import q_smoothing_heads, subtract_mean, token_mean
+from ..smoothing import q_smoothing_heads, subtract_mean, token_mean, valid_prefix
 from .registry import Backend, register_backend, warn_once
 
 # AITER's mha_v4 kernels take head dim 128 only.
@@ -96,9 +96,7 @@ def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None) -> Option
     if return_lse:
         return "AITER mha_v4 returns no LSE"
     if recipe.smooth_q:
-        valid_q = None if q_lens is None else \
-            torch.arange(q.shape[2], device=q.device)[None, :] < q_lens.to(q.device)[:, None]
-        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_q).sum())
+        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_prefix(q_lens, q.shape[2], q.device)).sum())
         if n:
             return (f"Q smoothing selects {n} of {q.shape[0] * q.shape[1]} (batch, head) slices and AITER mha_v4 "
                     f"cannot add its per-key term")
