@@ -61,8 +61,9 @@ class MI355XNumerics:
         return qo, ko, vo, post, bias, None
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
-        """The frozen reference from the first key tile visited (Algorithm 1, line 2)."""
-        return tile_max
+        """The frozen reference from the first key tile visited (Algorithm 1, line 2), raised by
+        ``Recipe.frozen_max_offset_log2``. ``tile_max`` (..., rows) float32, doublings."""
+        return tile_max + self.recipe.frozen_max_offset_log2
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return exponent_stage_a(x - m[..., None], self.recipe.exponential, self.recipe.proxy)
@@ -103,7 +104,8 @@ class SM90Numerics(MI355XNumerics):
         return qc, kc, vc, 1.0, bias_eff, kept
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
-        return torch.ceil(tile_max * 128.0) / 128.0
+        """As the base class, on the kernel's 1/128 grid: ``ceil(128 tile_max) / 128 + offset`` (exact)."""
+        return torch.ceil(tile_max * 128.0) / 128.0 + self.recipe.frozen_max_offset_log2
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         if self._h15:

@@ -32,6 +32,12 @@ PROXIES = ("u32", "u16", "u8")
 NUMERICS = ("mi355x", "sm90")
 #: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
 KEY_ORDERS = ("natural", "diagonal")
+#: ``Recipe.frozen_max_offset_log2`` is a multiple of 1 / this: the grid of the Hopper kernel's frozen reference
+#: (``sm90_numerics`` difference 2), which keeps Stage-A's constant ``128 m`` an integer.
+FROZEN_MAX_OFFSET_GRID = 128
+#: The default presets' ``frozen_max_offset_log2`` for MXFP6 P (mxfp6, mxfp4): 3/32 doubling, the best of a sweep over
+#: 0..1/2 (sm90 emulator, ``locality``; benchmarks/NOTES.md).
+MXFP6_P_FROZEN_MAX_OFFSET_LOG2 = 3 / 32
 #: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default): a (batch, head) slice is smoothed when its
 #: query mean's norm exceeds its queries' rms distance from that mean. The statistic (CPU emulator study,
 #: benchmarks/results/q_smoothing_statistic_cpu.md; structured families at (1, 8, 8192)): ~1/sqrt(S_q) without a shared
@@ -89,7 +95,16 @@ class Recipe:
         peak instead of a distant tile: fewer rollbacks, and the row's largest weights near 1, where FP8 P rounds
         them least (``locality``: 6.67% -> 6.40% in the sm90 emulator, NUMERICS.md §7). Exact arithmetic gives the
         same result in either order. Under MXFP6 P's floor scale rule weights just below 1 saturate at 0.9375, so the
-        MXFP6 presets keep ``natural``.
+        MXFP6-P presets pair it with ``frozen_max_offset_log2``.
+    frozen_max_offset_log2 : float
+        Raise the frozen reference by this many doublings above the first tile's row maximum (the ``sm90`` grid
+        value ``ceil(128 max) / 128``), so the row's largest weight in that tile is ``2^-offset`` instead of about 1.
+        A multiple of 1/128 in [0, 1) (:data:`FROZEN_MAX_OFFSET_GRID`): the Hopper kernel's reference stays on its
+        1/128 grid. Exact arithmetic is unchanged (P carries a constant factor that the row sum divides out); what
+        moves is where the weights fall on P's grid. Under MXFP6 P's floor scale rule a block peaking just below 1
+        gets the scale 2^-3 and its peak saturates at E2M3's 7.5 (0.9375). The MXFP6-P presets take
+        :data:`MXFP6_P_FROZEN_MAX_OFFSET_LOG2` with the diagonal order, chosen by measurement (the gain is not
+        monotonic in the offset; NUMERICS.md §7).
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.
@@ -141,6 +156,7 @@ class Recipe:
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
     rollback_floor_log2: Optional[int] = None
     key_order: str = "natural"
+    frozen_max_offset_log2: float = 0.0
     rowsum_gemm: bool = False
     hadamard: bool = False
     hadamard_signs: bool = False
@@ -171,6 +187,10 @@ class Recipe:
         if self.rollback_floor_log2 is not None and not (1 <= self.rollback_floor_log2 <= ROLLBACK_FLOOR_LIMIT_LOG2):
             raise ValueError(f"Recipe.rollback_floor_log2={self.rollback_floor_log2} is out of range; accepted: "
                              f"None or 1..{ROLLBACK_FLOOR_LIMIT_LOG2}")
+        offset = self.frozen_max_offset_log2
+        if not (0.0 <= offset < 1.0 and float(offset * FROZEN_MAX_OFFSET_GRID).is_integer()):
+            raise ValueError(f"Recipe.frozen_max_offset_log2={offset!r} is not supported; accepted: a multiple of "
+                             f"1/{FROZEN_MAX_OFFSET_GRID} in [0, 1)")
         if not (self.smooth_q_min_ratio >= 0.0 and self.smooth_q_min_ratio < float("inf")):
             raise ValueError(f"Recipe.smooth_q_min_ratio={self.smooth_q_min_ratio!r} is out of range; accepted: a "
                              f"finite number >= 0 (0: every slice)")
@@ -218,9 +238,12 @@ ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks), and visits the key tiles diagonal first (the reference from the row's own
-#: neighbourhood where attention is local). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering; the
-#: diagonal order would put its largest weights where the floor scale rule saturates them.
-ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10, key_order="diagonal"), "mxfp6": {}}
+#: neighbourhood where attention is local). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering; it
+#: takes the diagonal order with the reference raised by 3/32 doubling, which keeps the row's largest weights out of
+#: the floor scale rule's saturation at 0.9375 (``locality``: 7.69% -> 7.14% at D = 128 in the sm90 emulator, every
+#: other family within 0.07 pp; NUMERICS.md §7).
+ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10, key_order="diagonal"),
+            "mxfp6": dict(key_order="diagonal", frozen_max_offset_log2=MXFP6_P_FROZEN_MAX_OFFSET_LOG2)}
 #: The suffix of the paper-faithful presets.
 PAPER_SUFFIX = "-paper"
 _OPERANDS = {

@@ -9,7 +9,8 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    channel over all keys (MX V). ``t0`` = 0 (E4M3), 5 (E2M3), 6 (E2M1). Exact whenever the group's
    block exponents are within the element format's headroom (always for E2M3/E2M1 within 11/14
    doublings; for MXFP8 blocks below ``R`` lose their smallest elements' low bits).
-2. **Frozen reference on a grid.** ``m = ceil(128 rowmax(X_i0)) / 128`` and Schraudolph's offset is
+2. **Frozen reference on a grid.** ``m = ceil(128 rowmax(X_i0)) / 128`` (plus ``Recipe.frozen_max_offset_log2``, a
+   multiple of 1/128) and Schraudolph's offset is
    ``eps' = 7/128`` (``D = 16249``), so the Stage-A constant is an exact fp32 integer; the rollback
    keeps ``m`` on the grid (``delta`` is an integer).
 3. **Gate cap.** P carries one power-of-two scale per row that changes only with ``m``:

@@ -265,10 +265,11 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
                       SIGMA: tl.constexpr, NUM_STAGES: tl.constexpr, RNE_CVT: tl.constexpr,
                       BIAS=None, KG=None, HAS_BIAS: tl.constexpr = False, H15: tl.constexpr = False,
                       H15_EXP: tl.constexpr = 0, LOWER: tl.constexpr = False, FLOOR: tl.constexpr = 0.0,
-                      DIAGONAL: tl.constexpr = False):
+                      DIAGONAL: tl.constexpr = False, M_OFFSET: tl.constexpr = 0.0):
     """One (BM-row query tile, batch x head) per program (BM divides 128). ``DIAGONAL``: the key tiles are visited
     from ``floor(q_tile * n_tiles / (SQP / 128))`` on, wrapping around (``q_tile`` the program's 128-row tile,
-    ``n_tiles`` those holding valid keys; ``numerics.key_tile_order``), every one masked; else from tile 0."""
+    ``n_tiles`` those holding valid keys; ``numerics.key_tile_order``), every one masked; else from tile 0.
+    ``M_OFFSET``: doublings added to the frozen reference (``Recipe.frozen_max_offset_log2``, a multiple of 1/128)."""
     pid_m = tl.program_id(0)
     bh = tl.program_id(1)
     b = bh // H
@@ -306,7 +307,7 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
         e0 = qe + tl.load(KE_row + j0)
         acc = _add_bias(acc, bias_ptrs + j0 * BN, e0, keep, HAS_BIAS)
         acc = tl.where((j0 * BN + kcol < n_keys)[None, :], acc, float("-inf"))
-        m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0)
+        m = tl.math.ceil(tl.max(acc, axis=1) * pow2(e0 + 7)) * (1.0 / 128.0) + M_OFFSET
         if H15:
             c = -2.0 * m
         else:

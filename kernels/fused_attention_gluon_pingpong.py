@@ -231,7 +231,7 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
               k_smem, v_smem, kvbar,
               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
-              SIGMA):
+              SIGMA, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``, from
     key tile ``j0`` on (wrapping around; the loop counter ``j`` counts visits, :func:`_key_tile` gives the tile).
     ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a K = 32 wgmma the score GEMM is chained on,
@@ -240,8 +240,8 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
     (kernels.gluon_mxfp6_p; the row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
     Both partitions run this function; ``WG``, ``KEY_TERM``, ``P_MX`` and ``DIAGONAL`` reach it as ``gl.constexpr``
-    arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA``
-    arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings,
+    arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA``,
+    ``M_OFFSET`` arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings,
     ``inf``: never) lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -292,7 +292,7 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
         s = warpgroup_mma_wait(0, deps=(s,))
         e0 = qe + gl.load(KE_row + j0)
         xm, bmax = _tile_peaks(s, P_MX, srow, BM, BN)
-        m = gl.ceil(xm * _pow2(e0 + 7)) * (1.0 / 128.0)  # the frozen reference (Algorithm 1)
+        m = gl.ceil(xm * _pow2(e0 + 7)) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m  # the row's highest reference (bounds a lowering)
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m  # all False: the first tile set the reference
@@ -385,7 +385,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
                                      SIGMA: gl.constexpr,
                                      STAGES: gl.constexpr, REGS: gl.constexpr, KEY_TERM: gl.constexpr = False,
                                      TERM_SEL: gl.constexpr = False, P_MX: gl.constexpr = False,
-                                     DIAGONAL: gl.constexpr = False):
+                                     DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -401,6 +401,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
         returns before any work, so each slice runs the key loop of its setting (the term is 0 where TSEL is 0).
     DIAGONAL : ``Recipe.key_order == "diagonal"``: query tile ``pid_m`` visits the key tiles from
         ``floor(pid_m * n_tiles / (SQP / 128))`` on (``n_tiles`` those holding valid keys), else from tile 0.
+    M_OFFSET : doublings added to the frozen reference (``Recipe.frozen_max_offset_log2``, a multiple of 1/128).
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -466,7 +467,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
 
         args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc,
                 kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ,
-                SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA)
+                SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA, M_OFFSET)
         # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX, DIAGONAL as constexprs)
         gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX, DIAGONAL) + args),
                             (_consumer, (gl.constexpr(1), KEY_TERM, P_MX, DIAGONAL) + args)], [4], [REGS])

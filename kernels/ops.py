@@ -134,7 +134,8 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         P_MX=plan.p_mxfp6, GATE=plan.gate, CAP=float(plan.gate_cap), SIGMA=float(plan.p_sigma),
         NUM_STAGES=num_stages, RNE_CVT=INTERPRET, H15=plan.h15, H15_EXP=127 + plan.p_sigma,
         BIAS=bias if bias is not None else vs, KG=ops.kg if bias is not None else qe, HAS_BIAS=bias is not None,
-        LOWER=plan.lowers, FLOOR=float(plan.gate_floor), DIAGONAL=plan.diagonal, num_warps=num_warps)
+        LOWER=plan.lowers, FLOOR=float(plan.gate_floor), DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset,
+        num_warps=num_warps)
 
 
 def _fp8_desc(t, block):
@@ -186,7 +187,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
             D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
             FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
             STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=key_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
-            DIAGONAL=plan.diagonal, num_warps=4)
+            DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset, num_warps=4)
     if nkw:
         stats[1] += _popcount(tile_bits).to(torch.int32)
 

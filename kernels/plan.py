@@ -22,6 +22,7 @@ from typing import Optional
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.formats import DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, SCALE_RULES
+from fsattn_diffusers.recipe import FROZEN_MAX_OFFSET_GRID
 from fsattn_diffusers.smoothing import q_smoothing_ratio2
 
 # Element format codes shared by the Triton kernels.
@@ -71,6 +72,8 @@ class KernelPlan:
     diagonal: bool = False  # Recipe.key_order == "diagonal" (numerics.key_tile_order); False: from key tile 0
     # Q smoothing's per-slice switch (Recipe.smooth_q_min_ratio): the float32 bits of the squared ratio; 0: every slice
     smooth_q_ratio2_bits: int = 0
+    # the frozen reference raised by this many 1/128 doublings (Recipe.frozen_max_offset_log2 * 128)
+    seed_offset_128: int = 0
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -92,6 +95,11 @@ class KernelPlan:
         """:func:`fsattn_diffusers.smoothing.q_smoothing_ratio2` of ``Recipe.smooth_q_min_ratio``, the threshold of
         :func:`kernels.token_mean.token_mean` (0: every slice is smoothed)."""
         return struct.unpack("<f", struct.pack("<I", self.smooth_q_ratio2_bits))[0]
+
+    @property
+    def seed_offset(self) -> float:
+        """``Recipe.frozen_max_offset_log2``: doublings added to the frozen reference (a multiple of 1/128)."""
+        return self.seed_offset_128 / FROZEN_MAX_OFFSET_GRID
 
     @property
     def qk_t0(self) -> int:
@@ -156,6 +164,7 @@ def plan_for(recipe) -> KernelPlan:
         diagonal=recipe.key_order == "diagonal",
         smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", q_smoothing_ratio2(recipe.smooth_q_min_ratio)))[0]
                               if recipe.smooth_q else 0),
+        seed_offset_128=int(recipe.frozen_max_offset_log2 * FROZEN_MAX_OFFSET_GRID),
     )
 
 

@@ -131,19 +131,21 @@ def test_unavailable_without_rocm():
     assert "not ROCm" in aiter_backend._available(torch.device("cpu"))
 
 
-def test_the_diagonal_key_order_runs_aiters_own_order_and_says_so_once(fake_aiter):
-    """AITER's kernel takes no key order: the default mxfp8 (diagonal) still runs there, with one warning per
-    process naming the field; the natural order (the paper presets) warns nothing."""
+def test_the_key_order_and_the_raised_reference_run_aiters_own_and_say_so_once(fake_aiter):
+    """AITER's kernel takes no key order and no offset of the frozen reference: the default presets (diagonal; mxfp6
+    and mxfp4 also raised by 3/32) still run there, with one warning per process and field naming it; the paper
+    presets warn nothing."""
     from fsattn_diffusers import backends
 
     backends._WARNED.clear()
     q = torch.randn(1, 40, 2, 128, generator=torch.Generator().manual_seed(0))
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        fa.attention(q, q, q, "mxfp8-paper", backend="aiter")
-        fa.attention(q, q, q, "mxfp8", backend="aiter")
-        fa.attention(q, q, q, "mxfp8", backend="aiter")
-    notes = [str(w.message) for w in seen if "key_order" in str(w.message)]
+        for name in ("mxfp8-paper", "mxfp6-paper", "mxfp8", "mxfp8", "mxfp6", "mxfp4"):
+            fa.attention(q, q, q, name, backend="aiter")
+    notes = [str(w.message) for w in seen if "not applied" in str(w.message)]
     print(notes)
-    assert len(notes) == 1 and "key_order='diagonal'" in notes[0] and "\n" not in notes[0]
-    assert [c[0] for c in fake_aiter] == ["mha_v4_mxfp8"] * 3
+    assert len(notes) == 2 and all("\n" not in n for n in notes)
+    assert "key_order='diagonal'" in notes[0] and "frozen_max_offset_log2=0.09375" in notes[1]
+    assert [c[0] for c in fake_aiter] == ["mha_v4_mxfp8", "mha_v4", "mha_v4_mxfp8", "mha_v4_mxfp8", "mha_v4",
+                                          "mha_v4"]

@@ -299,7 +299,9 @@ GLUON_CASES = CASES + [(1, 2, 256, 1024, 128, "bhsd", None, True), (1, 3, 1000, 
 
 
 @pytest.mark.parametrize("variant", ["gluon_pingpong"])
-@pytest.mark.parametrize("recipe", RECIPES + ("mxfp8+key_order=natural",))
+# mxfp8+key_order=natural: fp8_row P from key tile 0; mxfp6+key_order=natural: MXFP6 P with the raised reference
+# (frozen_max_offset_log2) from key tile 0 (the default presets pair it with the diagonal order)
+@pytest.mark.parametrize("recipe", RECIPES + ("mxfp8+key_order=natural", "mxfp6+key_order=natural"))
 @pytest.mark.parametrize("case", [c if len(c) == 8 else (*c, False) for c in GLUON_CASES],
                          ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-kv{c[6]}-spiky{c[7]}")
 def test_gluon_variant_matches_triton_and_reference(case, recipe, variant):

@@ -36,9 +36,9 @@ def test_unknown_key_order_is_one_clear_error():
         assert "\n" not in str(err.value) and "accepted: natural, diagonal" in str(err.value)
 
 
-def test_presets_take_the_diagonal_order_for_fp8_p_only():
-    assert PRESETS["mxfp8"].key_order == "diagonal"
-    assert PRESETS["mxfp6"].key_order == PRESETS["mxfp4"].key_order == "natural"
+def test_default_presets_take_the_diagonal_order_and_the_paper_presets_do_not():
+    """MXFP6 P (mxfp6, mxfp4) with its reference raised (tests/test_frozen_max_offset.py)."""
+    assert PRESETS["mxfp8"].key_order == PRESETS["mxfp6"].key_order == PRESETS["mxfp4"].key_order == "diagonal"
     for name in ("mxfp8", "mxfp6", "mxfp4"):
         assert PRESETS[name + PAPER_SUFFIX].key_order == "natural"
 

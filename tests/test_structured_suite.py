@@ -339,7 +339,7 @@ def test_mi355x_emulator_rows_do_not_depend_on_other_rows():
     q, k, v = gen("offset_uniform_qk", s=512)
     rows = torch.tensor([3, 100, 257, 511])
     assert not suite._rows_per_row_exact(get_recipe("mxfp8+key_order=natural"), "emulator", torch.device("cpu"))
-    for name in ("mxfp8+key_order=natural+smooth_q=false", "mxfp4+smooth_q=false"):
+    for name in ("mxfp8+key_order=natural+smooth_q=false", "mxfp4+key_order=natural+smooth_q=false"):
         assert suite._rows_per_row_exact(get_recipe(name), "emulator", torch.device("cpu"))
         full = fsa.attention(q, k, v, name, layout="bhsd", backend="emulator")[:, :, rows]
         part = fsa.attention(q[:, :, rows], k, v, name, layout="bhsd", backend="emulator")

@@ -15,9 +15,11 @@ emulator's ``mi355x`` mode gives bit-identical outputs with and without it: test
 (``smooth_q``) needs a per-key score term that ``mha_v4`` cannot add: a call whose queries select it on any slice
 (``smoothing.q_smoothing_heads`` over the valid queries, those before ``q_lens``: a host-side check) is not taken, so
 it falls back with a warning; on the other calls the switch leaves Q as it is and the call is AITER's. The default
-mxfp8 preset's ``key_order="diagonal"`` (each query tile starts at its own key tile) is not an argument of ``mha_v4``:
-AITER visits the key tiles in its own order from tile 0, as the paper does, and the adapter says so once per process
-(in the emulator's ``mi355x`` mode the diagonal order takes the ``locality`` family from 6.9% to 6.5% at S = 4096).
+presets' ``key_order="diagonal"`` (each query tile starts at its own key tile) and the MXFP6-P presets'
+``frozen_max_offset_log2`` are not arguments of ``mha_v4``: AITER visits the key tiles in its own order from tile 0
+and freezes the reference at that tile's row maximum, as the paper does, and the adapter says so once per process and
+field (in the emulator's ``mi355x`` mode the diagonal order takes mxfp8's ``locality`` family from 6.9% to 6.5% at
+S = 4096).
 """
 
 from __future__ import annotations
@@ -61,14 +63,17 @@ def _available(device) -> Optional[str]:
 HOST_FIELDS = dict(smooth_k=False, hadamard_signs=False, rollback_floor_log2=None, smooth_q=False,
                    smooth_q_min_ratio=Q_SMOOTHING_MIN_RATIO)
 #: Recipe fields AITER's kernel does not take; a call runs with the paper's value (see the module docstring).
-KERNEL_ORDER_FIELDS = dict(key_order="natural")
+KERNEL_FIXED_FIELDS = dict(key_order="natural", frozen_max_offset_log2=0.0)
+#: What AITER's kernel does instead, per field of :data:`KERNEL_FIXED_FIELDS` (the warning's words).
+_KERNEL_FIXED_BEHAVIOUR = dict(key_order="visits the key tiles from tile 0",
+                               frozen_max_offset_log2="freezes the reference at the first key tile's row maximum")
 
 
 def preset_of(recipe) -> Optional[str]:
     """The format name (a key of :data:`AITER_FORMATS`) whose paper preset ``recipe`` equals once the fields the
     adapter handles (:data:`HOST_FIELDS`) are set to the paper's values, or None: AITER runs only those."""
     for name in AITER_FORMATS:
-        if recipe.replace(**HOST_FIELDS, **KERNEL_ORDER_FIELDS, name=recipe.name) == \
+        if recipe.replace(**HOST_FIELDS, **KERNEL_FIXED_FIELDS, name=recipe.name) == \
                 PRESETS[name + PAPER_SUFFIX].replace(name=recipe.name):
             return name
     return None
@@ -88,7 +93,7 @@ def host_inputs(q, k, recipe):
 def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None) -> Optional[str]:
     if preset_of(recipe) is None:
         return (f"AITER runs only the presets {', '.join(AITER_FORMATS)} and their {PAPER_SUFFIX} forms "
-                f"(fields other than {', '.join([*HOST_FIELDS, *KERNEL_ORDER_FIELDS])} unchanged)")
+                f"(fields other than {', '.join([*HOST_FIELDS, *KERNEL_FIXED_FIELDS])} unchanged)")
     if q.shape[-1] != AITER_HEAD_DIM:
         return f"AITER mha_v4 needs head dim {AITER_HEAD_DIM}, got {q.shape[-1]}"
     if kv_lens is not None:
@@ -116,9 +121,10 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=No
     # q_lens only decides Q smoothing's switch (checked in _unsupported); the rows past it are computed all the same.
     mod = _module()
     fn, formats = aiter_call(recipe, mod)
-    if recipe.key_order != KERNEL_ORDER_FIELDS["key_order"]:
-        warn_once("aiter:key_order", f"fsattn: AITER mha_v4 visits the key tiles from tile 0; the recipe's "
-                  f"key_order={recipe.key_order!r} is not applied there (warned once per process)")
+    for field, paper in KERNEL_FIXED_FIELDS.items():
+        if getattr(recipe, field) != paper:
+            warn_once(f"aiter:{field}", f"fsattn: AITER mha_v4 {_KERNEL_FIXED_BEHAVIOUR[field]}; the recipe's "
+                      f"{field}={getattr(recipe, field)!r} is not applied there (warned once per process)")
     q, k = host_inputs(q, k, recipe)
     # Our views are (B, H, S, D); AITER wants contiguous BF16 BSHD.
     q_, k_, v_ = (t.transpose(1, 2).to(torch.bfloat16).contiguous() for t in (q, k, v))

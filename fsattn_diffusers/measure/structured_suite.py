@@ -121,9 +121,10 @@ def conventional_recipe(recipe: Recipe) -> Recipe:
     """The conventional softmax on ``recipe``'s quantized operands: Table 4's "conventional" row
     (exact exponential, running maximum, row sum of the unquantized P) applied to the recipe, in the
     emulator's ``mi355x`` numerics (the ``sm90`` mode covers the kernel's pipeline only), keys in the natural order
-    (a running maximum has no first tile to choose; the emulator's per-query-tile ``diagonal`` path would only make
-    the column slower, ~30x on the H200 at S = 8192)."""
+    (a running maximum has no first tile to choose nor a frozen reference to raise; the emulator's per-query-tile
+    ``diagonal`` path would only make the column slower, ~30x on the H200 at S = 8192)."""
     return recipe.replace(name=f"conventional-{recipe.name}", numerics="mi355x", key_order="natural",
+                          frozen_max_offset_log2=0.0,
                           **TABLE4_ROWS["conventional"])
 
 
