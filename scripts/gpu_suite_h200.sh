@@ -3,7 +3,7 @@
 # cuDNN/flash and, with the fa3-fwd wheel carried in .whl, FA3 bf16/FP8, in one process) at the paper, Wan2.1, Wan2.2 and HunyuanVideo shapes.
 #   OUT=$OUT bash scripts/gpu_suite_h200.sh [tests|fuzz|bench|power|all ...] [-- flags for the one part's command]
 # Parts (about):
-#   tests  tests/test_kernel_gpu.py, tests/test_kernel_key_term_gpu.py and tests/test_kernel_prepass_gpu.py
+#   tests  tests/test_kernel_gpu.py, tests/test_kernel_key_term_gpu.py, tests/test_kernel_prepass_gpu.py and tests/test_bench_gpu.py
 #          (TEST_FILES overrides the list; -s: one line per case) -> gpu_tests_h200.txt, ~4 min. The CPU tests are CI's
 #          (.ci/run); the device lacks the package's CPU-side dependencies (imageio, ...), so they are not run here.
 #   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
@@ -14,7 +14,8 @@
 #          FSATTN_FUZZ_CASES (default 300), FSATTN_FUZZ_SEED, FSATTN_FUZZ_MAX_WORK; FSATTN_FUZZ_SLICE=a:b runs cases
 #          a..b-1 in one process instead. Failed cases then run again through each kernel path
 #          (scripts/kernel_fuzz_triage.py, TRIAGE_LIMIT s) -> kernel_fuzz_triage.txt.
-#   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`.
+#   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`;
+#          `-- --rounds 3` times the methods in 3 interleaved rounds (medians), for differences of a few percent.
 #   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
 #          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one
 #          launch of the attention kernel at (1, 24, 8192, 128) -> ncu_details_h200.txt, ncu_sass_h200.csv and
@@ -137,7 +138,7 @@ torch.cuda.synchronize()' || return $?
 for part in "${PARTS[@]}"; do
   case $part in
     tests)
-      read -ra files <<< "${TEST_FILES:-tests/test_kernel_gpu.py tests/test_kernel_key_term_gpu.py tests/test_kernel_prepass_gpu.py}"
+      read -ra files <<< "${TEST_FILES:-tests/test_kernel_gpu.py tests/test_kernel_key_term_gpu.py tests/test_kernel_prepass_gpu.py tests/test_bench_gpu.py}"
       run_logged gpu_tests_h200.txt timeout "${LIMIT:-360}" python3 -m pytest -q -s "${files[@]}" "${EXTRA[@]}" ;;
     fuzz)
       if [[ -n ${FSATTN_FUZZ_SLICE:-} ]]; then

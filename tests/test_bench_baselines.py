@@ -69,3 +69,33 @@ def test_ratios_without_a_baseline_are_absent_not_made_up():
     assert rows[1]["best_bf16"] == "sdpa-flash" and rows[1]["speedup_vs_best_bf16"] == pytest.approx(2.0)
     md = kb.markdown({"date": "d", "command": "c", "torch": "t", "cuda": "c", "triton": "t", "python": "p"}, rows)
     assert "| - | 2.000x (sdpa-flash) | - | - |" in md
+
+
+def test_interleaved_rounds_time_every_method_in_turn():
+    """Round after round, every method's parts once, in the order given: A B C, A B C, ... (not A A A, B B B, where
+    the GPU's clock drift over the run would favour one method)."""
+    order = []
+
+    def timer(name, part, ms):
+        def run():
+            order.append((name, part))
+            return ms
+        return run
+
+    timers = {"mxfp8": {"ms": timer("mxfp8", "ms", 1.0), "kernel_ms": timer("mxfp8", "kernel_ms", 0.5)},
+              "sdpa-cudnn": {"ms": timer("sdpa-cudnn", "ms", 2.0)}}
+    samples = kb.interleaved_samples(timers, 3)
+    print(order)
+    assert order == [("mxfp8", "ms"), ("mxfp8", "kernel_ms"), ("sdpa-cudnn", "ms")] * 3
+    assert samples == {"mxfp8": {"ms": [1.0] * 3, "kernel_ms": [0.5] * 3}, "sdpa-cudnn": {"ms": [2.0] * 3}}
+    with pytest.raises(ValueError, match="rounds must be at least 1"):
+        kb.interleaved_samples(timers, 0)
+
+
+def test_markdown_says_how_the_times_were_taken():
+    env = {"date": "d", "command": "c", "torch": "t", "cuda": "c", "triton": "t", "python": "p"}
+    rows = kb.add_ratios([_row("sdpa-cudnn", 12.0), _row("mxfp8", 7.5)])
+    one, five = kb.markdown(env, rows), kb.markdown(dict(env, rounds=5), rows)
+    print(one.splitlines()[5], five.splitlines()[5], sep="\n")
+    assert "one round (the methods timed one after another)" in one
+    assert "median of 5 interleaved rounds" in five

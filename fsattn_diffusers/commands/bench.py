@@ -25,6 +25,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--layout", choices=("bhsd", "bshd"), default="bhsd", help="input layout for our kernel")
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
+    parser.add_argument("--rounds", type=int, default=1,
+                        help="time every method this many times, the methods in turn within each round (A B C, A B "
+                             "C, ...), and report medians: clock and power drift over the run then reaches all alike "
+                             "(default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None, choices=("gluon_pingpong", "triton"),
                         help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluon_pingpong for the gated "
@@ -78,6 +82,8 @@ def run(args) -> int:
             raise UsageError(f"unknown --inputs {x!r}; accepted: {', '.join(FAMILIES)}")
         if x != "gaussian" and any(s_q != s_k for _, _, s_q, s_k, _ in shapes):
             raise UsageError(f"--inputs {x} needs S_q == S_k in every shape; accepted for S_q != S_k: gaussian")
+    if args.rounds < 1:
+        raise UsageError(f"bad --rounds {args.rounds}; accepted: an integer >= 1")
     if not torch.cuda.is_available():
         raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
     if args.variant:
@@ -85,6 +91,7 @@ def run(args) -> int:
 
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment()
+    env["rounds"] = args.rounds
     env["kernel_variant"] = args.variant or os.environ.get(
         "FSATTN_KERNEL_VARIANT", "gluon_pingpong (gated recipes), triton (others)")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
@@ -93,7 +100,7 @@ def run(args) -> int:
         for name in inputs:
             print(f"shape B,H,Sq,Sk,D = {shp}, inputs {name}")
             results += bench_shape(*shp, recipes, baselines, layout=args.layout, warmup=args.warmup, rep=args.rep,
-                                   seed=args.seed, inputs=name)
+                                   seed=args.seed, inputs=name, rounds=args.rounds)
             torch.cuda.empty_cache()
     if args.json:
         with open(args.json, "w") as f:

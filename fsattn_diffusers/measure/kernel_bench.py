@@ -14,8 +14,9 @@ from __future__ import annotations
 import datetime
 import math
 import platform
+import statistics
 import sys
-from typing import Dict, List
+from typing import Callable, Dict, List
 
 #: Named shapes (B, H, S, D): paper Table 5; Wan2.1-1.3B 480p; Wan2.2-A14B 720p; HunyuanVideo 720p 129f.
 SHAPES = {
@@ -145,10 +146,30 @@ def make_inputs(b, h, s_q, s_k, d, inputs="gaussian", seed=0):
     return family(b, h, s_q, d, torch.bfloat16, "cuda", seed)
 
 
+def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]], rounds: int) -> Dict[str, Dict[str, List[float]]]:
+    """Run every timer once per round, the methods in turn within a round (A B C, A B C, ...), so that drift of the
+    GPU's clock and power state over the run reaches every method alike instead of the ones timed last.
+
+    ``timers``: method -> {part: a zero-argument function returning milliseconds}, parts in the order to time them.
+    Returns method -> {part: ``rounds`` samples in round order}."""
+    if rounds < 1:
+        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    samples = {name: {part: [] for part in parts} for name, parts in timers.items()}
+    for _ in range(rounds):
+        for name, parts in timers.items():
+            for part, timer in parts.items():
+                samples[name][part].append(float(timer()))
+    return samples
+
+
 def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100.0, rep=500.0, seed=0,
-                log=print, inputs="gaussian") -> List[Dict]:
+                log=print, inputs="gaussian", rounds=1) -> List[Dict]:
     """Rows of results (dicts) for one shape and one input family (:func:`make_inputs`), SDPA's default scale; our
-    rows also carry the kernel's ``rollback_rate`` on these inputs (a separate, untimed call)."""
+    rows also carry the kernel's ``rollback_rate`` on these inputs (a separate, untimed call).
+
+    Every method is first called once (its accuracy on the sampled rows), then timed in ``rounds`` interleaved rounds
+    (:func:`interleaved_samples`): ``ms``, ``prepass_ms`` and ``kernel_ms`` are medians over the rounds of
+    ``do_bench`` medians, the per-round values in ``rounds_ms`` (``{part: [...]}``) when ``rounds`` > 1."""
     import torch
 
     from .. import attention
@@ -162,25 +183,20 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     flops = 4.0 * b * h * s_q * s_k * d
     rows = sample_rows(s_q, SAMPLE_ROWS, seed)
     ref = exact_rows(q, k, v, rows.cuda(), scale)
-    results = []
+    methods = {}  # method -> (the whole call, {part: function}, row fields known before timing)
 
-    def record(name, fn, extra=None):
+    def checked(name, fn, parts, extra=None):
+        """Call ``fn`` once for its accuracy; keep the method for timing."""
         torch.cuda.synchronize()
         out = fn()
         out = out[0] if isinstance(out, tuple) else out
         err, cos = accuracy(out[:, :, rows.cuda()], ref)
-        ms = timed(fn, warmup, rep)
-        row = {"shape": [b, h, s_q, s_k, d], "inputs": inputs, "method": name, "ms": ms, "tflops": flops / ms * 1e-9,
-               "rel_err": err, "cos": cos}
-        row.update(extra or {})
-        results.append(row)
-        log(f"  {name:<14} {ms:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {err:.4f} cos {cos:.5f}")
         del out
-        return row
+        methods[name] = (fn, parts, {"rel_err": err, "cos": cos, **(extra or {})})
 
     fa3 = fa3_fns(q, k, v, scale) if {"fa3", "fa3-fp8"} & set(baselines) else None
     for name in baselines:
-        extra = None
+        parts = {}
         if name in ("fa3", "fa3-fp8"):
             if isinstance(fa3, str):
                 log(f"  {name:<14} skipped: {fa3}")
@@ -188,18 +204,16 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
             fn = fa3[name]
             if name == "fa3-fp8":
                 fn, quantize, kernel = fn
-                extra = {"prepass_ms": timed(quantize, warmup, rep), "kernel_ms": timed(kernel, warmup, rep)}
-                extra["kernel_tflops"] = flops / extra["kernel_ms"] * 1e-9
+                parts = {"prepass_ms": quantize, "kernel_ms": kernel}
         else:
             fn = sage_fn(q, k, v) if name == "sage" else sdpa_fn(q, k, v, name)
         if fn is None:
             log(f"  {name:<14} not installed, skipped")
             continue
         try:
-            record(BASELINE_METHODS[name], fn, extra)
+            checked(BASELINE_METHODS[name], fn, parts)
         except Exception as exc:  # noqa: BLE001 - report and continue with the rest
             log(f"  {name:<14} failed: {type(exc).__name__}: {exc}")
-    del fa3
     qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
     for rname in recipes:
         recipe = get_recipe(rname)
@@ -210,9 +224,9 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
             return attention(qq, kk, vv, recipe, **lay_args)
         ops = prepass(qq, kk, vv, plan, scale, None)
         out = torch.empty_like(q)
-        pre_ms = timed(lambda: prepass(qq, kk, vv, plan, scale, None), warmup, rep)
-        ker_ms = timed(lambda: attention_from_operands(ops, out, plan, s_q, s_k, None, None, None), warmup, rep)
-        del ops, out
+        parts = {"prepass_ms": lambda plan=plan: prepass(qq, kk, vv, plan, scale, None),
+                 "kernel_ms": lambda ops=ops, out=out, plan=plan: attention_from_operands(ops, out, plan, s_q, s_k,
+                                                                                         None, None, None)}
         # Peak extra memory of one call (output included), measured outside do_bench (its L2-flush
         # buffer and the previous call's output would count otherwise).
         torch.cuda.synchronize()
@@ -223,12 +237,28 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         peak_extra = int(torch.cuda.max_memory_allocated() - base)
         del one
         _, stats = attention(qq, kk, vv, recipe, return_stats=True, **lay_args)
-        record(rname, full, {"prepass_ms": pre_ms, "kernel_ms": ker_ms,
-                             "kernel_tflops": flops / ker_ms * 1e-9, "rollback_rate": stats["rollback_rate"]})
-        results[-1]["peak_extra_bytes"] = peak_extra
-        results[-1]["qkv_bf16_bytes"] = int(2 * b * h * (s_q + 2 * s_k) * d)
-        log(f"  {'':<14} pre-pass {pre_ms:.3f} ms, kernel {ker_ms:.3f} ms ({flops / ker_ms * 1e-9:.1f} TFLOP/s), "
-            f"peak extra {peak_extra / 2**20:.0f} MiB (Q+K+V bf16 {results[-1]['qkv_bf16_bytes'] / 2**20:.0f} MiB)")
+        checked(rname, full, parts, {"rollback_rate": stats["rollback_rate"], "peak_extra_bytes": peak_extra,
+                                     "qkv_bf16_bytes": int(2 * b * h * (s_q + 2 * s_k) * d)})
+    samples = interleaved_samples(
+        {name: {"ms": (lambda fn=fn: timed(fn, warmup, rep)),
+                **{part: (lambda f=f: timed(f, warmup, rep)) for part, f in parts.items()}}
+         for name, (fn, parts, _) in methods.items()}, rounds)
+    results = []
+    for name, (_, _, known) in methods.items():
+        times = {part: statistics.median(values) for part, values in samples[name].items()}
+        row = {"shape": [b, h, s_q, s_k, d], "inputs": inputs, "method": name, "ms": times["ms"],
+               "tflops": flops / times["ms"] * 1e-9, **known}
+        if "kernel_ms" in times:
+            row.update(prepass_ms=times["prepass_ms"], kernel_ms=times["kernel_ms"],
+                       kernel_tflops=flops / times["kernel_ms"] * 1e-9)
+        if rounds > 1:
+            row["rounds_ms"] = samples[name]
+        results.append(row)
+        kernel = f", pre-pass {times['prepass_ms']:.3f} ms, kernel {times['kernel_ms']:.3f} ms" if "kernel_ms" in times \
+            else ""
+        log(f"  {name:<14} {row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {row['rel_err']:.4f} "
+            f"cos {row['cos']:.5f}{kernel}")
+    del fa3, methods
     return add_ratios(results)
 
 
@@ -255,12 +285,20 @@ def _ratio(x) -> str:
     return f"{x:.3f}x" if x else "-"
 
 
+def _rounds_text(rounds: int) -> str:
+    if rounds <= 1:
+        return "one round (the methods timed one after another)"
+    return (f"median of {rounds} interleaved rounds (every method once per round, in turn; per-round values in the "
+            "JSON's `rounds_ms`)")
+
+
 def markdown(env: Dict, results: List[Dict]) -> str:
     """The results as a markdown report: environment lines, then one table row per method and shape."""
     lines = [f"# fsattn bench — {env.get('device', '?')}", "",
              f"- date: {env['date']}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
              f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}",
+             f"- timing: `do_bench` median per method and part, {_rounds_text(env.get('rounds', 1))}",
              "- inputs: bf16, BHSD (FA3: BSHD copies), non-causal, default scale; `gaussian` = random normal, other "
              "names = families of `fsattn_diffusers.measure.structured_inputs`; accuracy on "
              f"{SAMPLE_ROWS} sampled query rows per head against float64 softmax; rollbacks = share of (128-row "
