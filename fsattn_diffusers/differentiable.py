@@ -18,6 +18,7 @@ from typing import Dict, Optional
 import torch
 
 from .recipe import Recipe
+from .smoothing import valid_prefix
 
 _BF16 = "bf16"
 
@@ -92,7 +93,7 @@ def attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.
     s_k = k.shape[2]
     has_key = None
     if kv_lens is not None:
-        valid = (torch.arange(s_k, device=q.device)[None, :] < kv_lens[:, None])[:, None, None, :]
+        valid = valid_prefix(kv_lens, s_k, q.device)[:, None, None, :]
         s = s.masked_fill(~valid, float("-inf"))
         has_key = (kv_lens > 0)[:, None, None, None]  # (B, 1, 1, 1)
         s = torch.where(has_key, s, torch.zeros_like(s))  # no valid key: a finite softmax, masked below

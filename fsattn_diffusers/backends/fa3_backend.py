@@ -29,6 +29,7 @@ import torch
 
 from ..formats import E4M3
 from ..recipe import PRESETS, Recipe
+from ..smoothing import valid_prefix
 from .registry import Backend, register_backend
 
 #: FP8 E4M3 largest finite value: a per-(batch, head) scale maps amax onto it.
@@ -117,9 +118,7 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     s_k = ks.shape[1]
     extra = {}
     if recipe.name == FA3_FP8_RECIPE.name:
-        valid = None
-        if kv_lens is not None:
-            valid = torch.arange(s_k, device=ks.device)[None, :] < kv_lens.to(ks.device)[:, None]
+        valid = valid_prefix(kv_lens, s_k, ks.device)
         qs, extra["q_descale"] = fp8_per_head(qs)
         ks, extra["k_descale"] = fp8_per_head(ks, valid)
         vs, extra["v_descale"] = fp8_per_head(vs, valid)

@@ -25,6 +25,7 @@ import torch
 from ..api import attention, supported_head_dim
 from ..backends import warn_once
 from ..recipe import Recipe
+from ..smoothing import valid_prefix
 from .policy import Entry, FixedPolicy, entry_name, get_policy
 from .tracker import CallRecord, StepTracker
 
@@ -302,8 +303,7 @@ class HunyuanVideoFSAttnProcessor(_FSAttnProcessorBase):
             query, key, value = (torch.cat(p, dim=1) for p in ((query, enc_q), (key, enc_k), (value, enc_v)))
 
         if kv_lens is not None:  # padded keys: excluded by kv_lens, zeroed so no scale sees them
-            valid = torch.arange(key.shape[1], device=key.device).unsqueeze(0) < kv_lens.unsqueeze(1)
-            valid = valid[:, :, None, None]
+            valid = valid_prefix(kv_lens, key.shape[1], key.device)[:, :, None, None]
             key, value = torch.where(valid, key, 0.0), torch.where(valid, value, 0.0)
         # one joint sequence: its padded text tokens are padded queries as well (their outputs are not used)
         out = self._attend(query, key, value, entry, kv_lens=kv_lens, q_lens=kv_lens)

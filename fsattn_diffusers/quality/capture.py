@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ..smoothing import valid_prefix
 from .analysis import DEFAULT_ROWS, analyse, badness, resolve_recipes, sample_rows
 
 #: Name of the temporary backend (registered only while a capture runs).
@@ -92,8 +93,7 @@ class _Observer:
         self._observe(q, k, v, scale, kv_lens)
         mask = None
         if kv_lens is not None:
-            keys = torch.arange(k.shape[2], device=k.device)
-            mask = (keys[None, :] < kv_lens[:, None])[:, None, None, :]
+            mask = valid_prefix(kv_lens, k.shape[2], k.device)[:, None, None, :]
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
         return out.to(q.dtype), None, None
 

@@ -30,6 +30,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..interventions import Intervention, intervened_attention, parse_interventions
+from ..smoothing import valid_prefix
 from .diagnostics import FIELDS, Diagnostics
 from .sensitivity_report import COLUMNS, write_sensitivity_outputs  # noqa: F401 (COLUMNS: the table's columns)
 from .sweep import REFERENCE, PolicyItem
@@ -149,7 +150,7 @@ class _Backend:
         if iv is None or (self.layers is not None and block not in self.layers):
             mask = None
             if kv_lens is not None:
-                mask = (torch.arange(k.shape[2], device=k.device)[None, :] < kv_lens[:, None])[:, None, None, :]
+                mask = valid_prefix(kv_lens, k.shape[2], k.device)[:, None, None, :]
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
             return out.to(q.dtype), None, None
         with _one_thread(q, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]):
