@@ -26,9 +26,9 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="time every method this many times, the methods in turn within each round (A B C, A B "
-                             "C, ...), and report medians: clock and power drift over the run then reaches all alike "
-                             "(default 1)")
+                        help="time every method this many times, the methods in turn within each round and in "
+                             "reverse every other round (A B C, C B A, ...), and report medians: clock and power "
+                             "drift over the run then reaches all alike (default 1)")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None, choices=("gluon_pingpong", "triton"),
                         help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluon_pingpong for the gated "

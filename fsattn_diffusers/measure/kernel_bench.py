@@ -146,17 +146,21 @@ def make_inputs(b, h, s_q, s_k, d, inputs="gaussian", seed=0):
     return family(b, h, s_q, d, torch.bfloat16, "cuda", seed)
 
 
-def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]], rounds: int) -> Dict[str, Dict[str, List[float]]]:
-    """Run every timer once per round, the methods in turn within a round (A B C, A B C, ...), so that drift of the
-    GPU's clock and power state over the run reaches every method alike instead of the ones timed last.
+def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]],
+                        rounds: int) -> Dict[str, Dict[str, List[float]]]:
+    """Run every timer once per round, the methods in turn within a round and in reverse order every other round
+    (A B C, C B A, A B C, ...), so that drift of the GPU's clock and power state over the run, and within a round,
+    reaches every method alike instead of favouring the ones timed first or last.
 
     ``timers``: method -> {part: a zero-argument function returning milliseconds}, parts in the order to time them.
     Returns method -> {part: ``rounds`` samples in round order}."""
     if rounds < 1:
         raise ValueError(f"rounds must be at least 1, got {rounds}")
     samples = {name: {part: [] for part in parts} for name, parts in timers.items()}
-    for _ in range(rounds):
-        for name, parts in timers.items():
+    names = list(timers)
+    for r in range(rounds):
+        for name in (names if r % 2 == 0 else names[::-1]):
+            parts = timers[name]
             for part, timer in parts.items():
                 samples[name][part].append(float(timer()))
     return samples
@@ -288,8 +292,8 @@ def _ratio(x) -> str:
 def _rounds_text(rounds: int) -> str:
     if rounds <= 1:
         return "one round (the methods timed one after another)"
-    return (f"median of {rounds} interleaved rounds (every method once per round, in turn; per-round values in the "
-            "JSON's `rounds_ms`)")
+    return (f"median of {rounds} interleaved rounds (every method once per round, in turn, the order reversed every "
+            "other round; per-round values in the JSON's `rounds_ms`)")
 
 
 def markdown(env: Dict, results: List[Dict]) -> str:
