@@ -241,8 +241,10 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
 
     Both partitions run this function; ``WG``, ``KEY_TERM``, ``P_MX`` and ``DIAGONAL`` reach it as ``gl.constexpr``
     arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA``,
-    ``M_OFFSET`` arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR`` (doublings,
-    ``inf``: never) lowers the reference when a key tile's peak lies that far below it (``Recipe.rollback_floor_log2``).
+    ``M_OFFSET`` arrive as runtime scalars (the partition call materializes the kernel's constexprs). ``FLOOR``
+    (doublings, ``inf``: never) lowers the reference when a key tile's peak lies that far below it
+    (``Recipe.rollback_floor_log2``); ``M_OFFSET`` (doublings) raises the frozen reference
+    (``Recipe.frozen_max_offset_log2``).
     """
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]

@@ -258,8 +258,9 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         if rounds > 1:
             row["rounds_ms"] = samples[name]
         results.append(row)
-        kernel = f", pre-pass {times['prepass_ms']:.3f} ms, kernel {times['kernel_ms']:.3f} ms" if "kernel_ms" in times \
-            else ""
+        kernel = ""
+        if "kernel_ms" in times:
+            kernel = f", pre-pass {times['prepass_ms']:.3f} ms, kernel {times['kernel_ms']:.3f} ms"
         log(f"  {name:<14} {row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {row['rel_err']:.4f} "
             f"cos {row['cos']:.5f}{kernel}")
     del fa3, methods
