@@ -223,8 +223,7 @@ def key_padding_lengths(mask: Optional[torch.Tensor], batch: int, n_keys: int):
         # Inside a torch.compile graph the prefix test (data-dependent) is skipped: HunyuanVideo's transformer
         # builds this mask from the valid-token count, a prefix by construction; the lengths carry all of it.
         return lens.to(torch.int64), True
-    prefix = torch.arange(n_keys, device=mask.device).unsqueeze(0) < lens.unsqueeze(1)
-    if not torch.equal(keep, prefix):
+    if not torch.equal(keep, valid_prefix(lens, n_keys, mask.device)):
         return None, False
     if bool((lens == n_keys).all()):
         return None, True
