@@ -4,7 +4,7 @@ of kernels/fused_attention_gluon_pingpong.py (``--baseline``, repeatable; for ex
 
 For each (shape, recipe, input family) and each baseline: one pre-pass, then both kernels on the same operands,
 compared bit for bit (output, LSE, rollback counts) and each against float64 attention on sampled query rows
-(relative error), then kernel-only ``do_bench`` medians interleaved A B A B ... (``--rounds``), so that clock and power
+(relative error), then kernel-only ``do_bench`` medians interleaved A B, B A, ... (``--rounds``), so that clock and power
 drift hits both alike. Run on the H200 from the repository root:
 
     source scripts/device_env.sh
@@ -19,7 +19,6 @@ import contextlib
 import importlib.util
 import json
 import os
-import statistics
 import sys
 import time
 
@@ -28,8 +27,8 @@ import torch
 import fsattn_diffusers.kernels.fused_attention_gluon_pingpong as current_module
 from fsattn_diffusers.kernels.ops import attention_from_operands, prepass
 from fsattn_diffusers.kernels.plan import plan_for
-from fsattn_diffusers.measure.kernel_bench import (SAMPLE_ROWS, SHAPES, accuracy, environment, exact_rows, make_inputs,
-                                                   timed)
+from fsattn_diffusers.measure.kernel_bench import (SAMPLE_ROWS, SHAPES, accuracy, environment, exact_rows,
+                                                   interleaved_samples, make_inputs, paired_median, timed)
 from fsattn_diffusers.quality.analysis import sample_rows
 from fsattn_diffusers.recipe import get_recipe
 
@@ -85,13 +84,15 @@ def compare(baseline, shape, recipe_name, inputs, rounds, warmup, rep, log, base
     err = {"baseline": accuracy(oa[:, :, rows], ref)[0], "current": accuracy(ob[:, :, rows], ref)[0]}
     del res, oa, ob, la, lb, ref
     out = torch.empty((b, h, s, d), device="cuda", dtype=torch.bfloat16)
-    times = {name: [] for name in mods}
-    for _ in range(rounds):
-        for name, mod in mods.items():
-            with kernel_module(mod):
-                times[name].append(timed(lambda: attention_from_operands(ops, out, plan, s, s, None, None, None,
-                                                                         num_stages=stages[name]), warmup, rep))
-    med = {name: statistics.median(t) for name, t in times.items()}
+    def timer(name):
+        def run():
+            with kernel_module(mods[name]):
+                return timed(lambda: attention_from_operands(ops, out, plan, s, s, None, None, None,
+                                                             num_stages=stages[name]), warmup, rep)
+        return run
+    samples = interleaved_samples({name: {"ms": timer(name)} for name in mods}, rounds)
+    times = {name: parts["ms"] for name, parts in samples.items()}
+    med = {name: paired_median(t) for name, t in times.items()}
     row = {"baseline": baseline.__file__, "baseline_stages": baseline_stages, "shape": list(shape),
            "recipe": recipe_name, "inputs": inputs, "rounds_ms": times,
            "baseline_ms": med["baseline"], "current_ms": med["current"],
@@ -115,7 +116,8 @@ def markdown(env, args, rows) -> str:
              f"date {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
              f"- command: `python3 scripts/kernel_ab_h200.py {' '.join(sys.argv[1:])}`",
              f"- kernel-only times (pre-pass done once, same operands): `do_bench` medians (warmup {args.warmup} ms, "
-             f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current; the median of the rounds",
+             f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current, current/baseline, ...; the median "
+             "over the round pairs of the pair's mean (`kernel_bench.paired_median`)",
              "- identical: output (bf16 bits), LSE (fp32 bits) and rollback counts of the two kernels on the same "
              "operands",
              f"- rel. err: relative Frobenius error against float64 softmax attention on {SAMPLE_ROWS} sampled query "
@@ -141,7 +143,7 @@ def main(argv=None) -> int:
     ap.add_argument("--baseline-stages", type=int, default=None,
                     help="K/V pipeline stages of the baseline's launches (default: the library's, as the current's)")
     ap.add_argument("--inputs", default="gaussian", help="comma list: gaussian or structured families")
-    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=4, help="1 or an even number")
     ap.add_argument("--warmup", type=float, default=50.0)
     ap.add_argument("--rep", type=float, default=300.0)
     ap.add_argument("--json")

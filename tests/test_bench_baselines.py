@@ -84,19 +84,43 @@ def test_interleaved_rounds_time_every_method_in_turn():
 
     timers = {"mxfp8": {"ms": timer("mxfp8", "ms", 1.0), "kernel_ms": timer("mxfp8", "kernel_ms", 0.5)},
               "sdpa-cudnn": {"ms": timer("sdpa-cudnn", "ms", 2.0)}}
-    samples = kb.interleaved_samples(timers, 3)
+    samples = kb.interleaved_samples(timers, 4)
     print(order)
     a, b = [("mxfp8", "ms"), ("mxfp8", "kernel_ms")], [("sdpa-cudnn", "ms")]
-    assert order == a + b + b + a + a + b
-    assert samples == {"mxfp8": {"ms": [1.0] * 3, "kernel_ms": [0.5] * 3}, "sdpa-cudnn": {"ms": [2.0] * 3}}
-    with pytest.raises(ValueError, match="rounds must be at least 1"):
-        kb.interleaved_samples(timers, 0)
+    assert order == a + b + b + a + a + b + b + a
+    assert samples == {"mxfp8": {"ms": [1.0] * 4, "kernel_ms": [0.5] * 4}, "sdpa-cudnn": {"ms": [2.0] * 4}}
+    for bad in (0, 3):
+        with pytest.raises(ValueError, match="rounds must be 1 or an even number"):
+            kb.interleaved_samples(timers, bad)
+
+
+def test_paired_median_cancels_the_place_in_the_round():
+    """Two methods of equal cost whose time grows with their place in the round (the clock follows the power drawn by
+    what ran before): the paired median reports them equal, and ignores one slow pair."""
+    cost = {"a": 10.0, "b": 10.0}
+    calls = []
+
+    def timer(name):
+        def run():
+            calls.append(name)
+            place = len(calls) % 2  # 0: first in its round, 1: second
+            slow = 5.0 if len(calls) in (5, 6) else 0.0  # round 3: both slowed by something else on the GPU
+            return cost[name] + 0.5 * place + slow
+        return run
+
+    samples = kb.interleaved_samples({"a": {"ms": timer("a")}, "b": {"ms": timer("b")}}, 6)
+    est = {name: kb.paired_median(parts["ms"]) for name, parts in samples.items()}
+    print(samples, est)
+    assert est["a"] == est["b"] == 10.25
+    assert kb.paired_median([3.0]) == 3.0
+    with pytest.raises(ValueError, match="1 or an even number"):
+        kb.paired_median([1.0, 2.0, 3.0])
 
 
 def test_markdown_says_how_the_times_were_taken():
     env = {"date": "d", "command": "c", "torch": "t", "cuda": "c", "triton": "t", "python": "p"}
     rows = kb.add_ratios([_row("sdpa-cudnn", 12.0), _row("mxfp8", 7.5)])
-    one, five = kb.markdown(env, rows), kb.markdown(dict(env, rounds=5), rows)
-    print(one.splitlines()[5], five.splitlines()[5], sep="\n")
+    one, six = kb.markdown(env, rows), kb.markdown(dict(env, rounds=6), rows)
+    print(one.splitlines()[5], six.splitlines()[5], sep="\n")
     assert "one round (the methods timed one after another)" in one
-    assert "median of 5 interleaved rounds" in five
+    assert "6 interleaved rounds" in six and "median over the 3 (forward, reverse) pairs" in six

@@ -13,7 +13,7 @@ pytest.importorskip("triton")
 from fsattn_diffusers.measure import kernel_bench as kb  # noqa: E402
 
 
-@pytest.mark.parametrize("rounds", [1, 3])
+@pytest.mark.parametrize("rounds", [1, 2])
 def test_bench_rows_carry_medians_of_the_rounds(rounds):
     rows = kb.bench_shape(1, 2, 512, 512, 128, ["mxfp8", "mxfp6-paper"], ["cudnn"], warmup=2.0, rep=5.0,
                           rounds=rounds, log=lambda *a: None)

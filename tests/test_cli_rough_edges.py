@@ -169,7 +169,8 @@ def test_sweep_report_shows_the_resolved_schedules(tmp_path):
 @pytest.mark.parametrize("args, names", [
     (["--inputs", "gaussian,nope"], "accepted: gaussian, k_channel_outliers"),
     (["--inputs", "attention_sink", "--shapes", "", "--shape", "1,2,256:128,64"], "S_q == S_k"),
-    (["--rounds", "0"], "accepted: an integer >= 1"),
+    (["--rounds", "0"], "accepted: 1, or an even integer"),
+    (["--rounds", "3"], "accepted: 1, or an even integer"),
 ])
 def test_bench_refuses_unknown_or_unusable_inputs_in_one_line(args, names):
     line = _one_line_error(_run(["bench", *args]), "fsattn bench:")

@@ -26,9 +26,10 @@ def add_arguments(parser) -> None:
     parser.add_argument("--warmup", type=float, default=100.0, help="do_bench warm-up, ms")
     parser.add_argument("--rep", type=float, default=500.0, help="do_bench repetition time, ms")
     parser.add_argument("--rounds", type=int, default=1,
-                        help="time every method this many times, the methods in turn within each round and in "
-                             "reverse every other round (A B C, C B A, ...), and report medians: clock and power "
-                             "drift over the run then reaches all alike (default 1)")
+                        help="1 (default) or an even number: time every method this many times, the methods in "
+                             "turn within each round and in reverse every other round (A B C, C B A, ...), and "
+                             "report the median over (forward, reverse) pairs of the pair's mean: clock and power "
+                             "drift, and the place in the round, then reach all methods alike")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--variant", default=None, choices=("gluon_pingpong", "triton"),
                         help="kernel variant (default: $FSATTN_KERNEL_VARIANT, else gluon_pingpong for the gated "
@@ -82,8 +83,9 @@ def run(args) -> int:
             raise UsageError(f"unknown --inputs {x!r}; accepted: {', '.join(FAMILIES)}")
         if x != "gaussian" and any(s_q != s_k for _, _, s_q, s_k, _ in shapes):
             raise UsageError(f"--inputs {x} needs S_q == S_k in every shape; accepted for S_q != S_k: gaussian")
-    if args.rounds < 1:
-        raise UsageError(f"bad --rounds {args.rounds}; accepted: an integer >= 1")
+    if args.rounds < 1 or (args.rounds > 1 and args.rounds % 2):
+        raise UsageError(f"bad --rounds {args.rounds}; accepted: 1, or an even integer (forward and reverse rounds "
+                         "in pairs)")
     if not torch.cuda.is_available():
         raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
     if args.variant:

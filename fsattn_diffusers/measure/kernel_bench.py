@@ -153,9 +153,10 @@ def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]],
     reaches every method alike instead of favouring the ones timed first or last.
 
     ``timers``: method -> {part: a zero-argument function returning milliseconds}, parts in the order to time them.
+    ``rounds``: 1, or an even number (forward and reverse rounds in pairs; see :func:`paired_median`).
     Returns method -> {part: ``rounds`` samples in round order}."""
-    if rounds < 1:
-        raise ValueError(f"rounds must be at least 1, got {rounds}")
+    if rounds < 1 or (rounds > 1 and rounds % 2):
+        raise ValueError(f"rounds must be 1 or an even number (forward and reverse rounds in pairs), got {rounds}")
     samples = {name: {part: [] for part in parts} for name, parts in timers.items()}
     names = list(timers)
     for r in range(rounds):
@@ -166,13 +167,29 @@ def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]],
     return samples
 
 
+def paired_median(values: List[float]) -> float:
+    """The time one method reports from its :func:`interleaved_samples`: the median, over the (forward, reverse)
+    round pairs, of the pair's mean; one round's value as it is.
+
+    A method's time depends on what ran just before it (on the H200 SDPA cuDNN took 21.9 ms after itself and 23.3 ms
+    after our FP8 kernels, 2026-12-03: the clock follows the power drawn), and its place in the round alternates
+    between the two orders. Averaging within a pair gives every method each place once; a plain median of an odd
+    number of rounds would keep the majority order's place.
+    """
+    if len(values) == 1:
+        return float(values[0])
+    if not values or len(values) % 2:
+        raise ValueError(f"paired_median needs 1 or an even number of rounds, got {len(values)}")
+    return float(statistics.median((values[i] + values[i + 1]) / 2 for i in range(0, len(values), 2)))
+
+
 def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100.0, rep=500.0, seed=0,
                 log=print, inputs="gaussian", rounds=1) -> List[Dict]:
     """Rows of results (dicts) for one shape and one input family (:func:`make_inputs`), SDPA's default scale; our
     rows also carry the kernel's ``rollback_rate`` on these inputs (a separate, untimed call).
 
     Every method is first called once (its accuracy on the sampled rows), then timed in ``rounds`` interleaved rounds
-    (:func:`interleaved_samples`): ``ms``, ``prepass_ms`` and ``kernel_ms`` are medians over the rounds of
+    (:func:`interleaved_samples`): ``ms``, ``prepass_ms`` and ``kernel_ms`` are :func:`paired_median` of the rounds'
     ``do_bench`` medians, the per-round values in ``rounds_ms`` (``{part: [...]}``) when ``rounds`` > 1."""
     import torch
 
@@ -249,7 +266,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
          for name, (fn, parts, _) in methods.items()}, rounds)
     results = []
     for name, (_, _, known) in methods.items():
-        times = {part: statistics.median(values) for part, values in samples[name].items()}
+        times = {part: paired_median(values) for part, values in samples[name].items()}
         row = {"shape": [b, h, s_q, s_k, d], "inputs": inputs, "method": name, "ms": times["ms"],
                "tflops": flops / times["ms"] * 1e-9, **known}
         if "kernel_ms" in times:
@@ -293,8 +310,9 @@ def _ratio(x) -> str:
 def _rounds_text(rounds: int) -> str:
     if rounds <= 1:
         return "one round (the methods timed one after another)"
-    return (f"median of {rounds} interleaved rounds (every method once per round, in turn, the order reversed every "
-            "other round; per-round values in the JSON's `rounds_ms`)")
+    return (f"{rounds} interleaved rounds (every method once per round, in turn, the order reversed every other "
+            f"round), reported as the median over the {rounds // 2} (forward, reverse) pairs of the pair's mean, so "
+            "that every method is timed in each place of the round alike; per-round values in the JSON's `rounds_ms`")
 
 
 def markdown(env: Dict, results: List[Dict]) -> str:
