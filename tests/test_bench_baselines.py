@@ -124,3 +124,29 @@ def test_markdown_says_how_the_times_were_taken():
     print(one.splitlines()[5], six.splitlines()[5], sep="\n")
     assert "one round (the methods timed one after another)" in one
     assert "6 interleaved rounds" in six and "median over the 3 (forward, reverse) pairs" in six
+
+
+def test_recipe_pairs_script_pairs_rounds_within_one_run(tmp_path, capsys):
+    """scripts/bench_recipe_pairs.py: X against X-paper per shape, from the rounds by the paired median (an odd count
+    drops its last round), a single-round row from its value."""
+    import importlib.util
+    import json
+    import pathlib
+
+    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_recipe_pairs.py"
+    spec = importlib.util.spec_from_file_location("bench_recipe_pairs", path)
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    shape = [1, 2, 256, 256, 64]
+    rows = [dict(shape=shape, method="sdpa-cudnn", ms=9.0),
+            dict(shape=shape, method="mxfp8", ms=5.0, prepass_ms=1.0, kernel_ms=4.0,
+                 rounds_ms={"ms": [5.0, 6.0, 5.0, 6.0, 99.0], "prepass_ms": [1.0] * 5, "kernel_ms": [4.0] * 5}),
+            dict(shape=shape, method="mxfp8-paper", ms=5.0, prepass_ms=0.5, kernel_ms=4.4)]
+    f = tmp_path / "bench.json"
+    f.write_text(json.dumps({"results": rows}))
+    assert mod.main([str(f)]) == 0
+    out = capsys.readouterr().out
+    print(out)
+    assert "| 1,2,256,256,64 | mxfp8 / mxfp8-paper | 5.500 / 5.000 | 1.100x | 1.000 / 0.500 | 2.000x | 4.000 / 4.400 | " \
+           "0.909x |" in out
+    assert mod.main([str(f), "--pairs", "mxfp8"]) == 2
