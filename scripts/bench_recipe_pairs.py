@@ -6,7 +6,8 @@ each time is :func:`fsattn_diffusers.measure.kernel_bench.paired_median` of the 
 before ``--rounds`` took even counts only) drops its last round, so the estimate still pairs forward and reverse
 rounds. Prints a markdown table:
 
-    python3 scripts/bench_recipe_pairs.py benchmarks/results/default_vs_paper_presets_h200.json [--pairs mxfp8:mxfp8-paper,...]
+    python3 scripts/bench_recipe_pairs.py benchmarks/results/default_vs_paper_presets_h200.json \\
+        [--pairs mxfp8:mxfp8-paper,...]
 """
 
 from __future__ import annotations

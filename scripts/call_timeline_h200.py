@@ -95,8 +95,8 @@ def main(argv=None) -> int:
         if args.pipelined:
             per_call = pipelined(q, k, v, args.recipe, args.pipelined)
             for i, (span_c, idle, n) in enumerate(per_call):
-                print(f"  queued, position {i}: {span_c / 1e3:.4f} ms from its first activity to the next flush, GPU idle "
-                      f"{idle / 1e3:.4f} ms, {n} activities")
+                print(f"  queued, position {i}: {span_c / 1e3:.4f} ms from its first activity to the next flush, "
+                      f"GPU idle {idle / 1e3:.4f} ms, {n} activities")
             result["shapes"][name]["pipelined"] = [{"span_us": a, "idle_us": i, "activities": n}
                                                    for a, i, n in per_call]
         del q, k, v

@@ -15,7 +15,8 @@
 #          a..b-1 in one process instead. Failed cases then run again through each kernel path
 #          (scripts/kernel_fuzz_triage.py, TRIAGE_LIMIT s) -> kernel_fuzz_triage.txt.
 #   bench  fsattn bench --shapes paper,wan21,wan22,hunyuan -> bench_h200.{json,md}, ~5 min; e.g. `-- --recipes mxfp8`;
-#          `-- --rounds 4` times the methods in 4 interleaved rounds (A B C, C B A, ...; median of the pair means), for differences of a few percent.
+#          `-- --rounds 4` times the methods in 4 interleaved rounds (A B C, C B A, ...; median of the pair means),
+#          for differences of a few percent.
 #   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
 #          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one
 #          launch of the attention kernel at (1, 24, 8192, 128) -> ncu_details_h200.txt, ncu_sass_h200.csv and

@@ -4,8 +4,8 @@ of kernels/fused_attention_gluon_pingpong.py (``--baseline``, repeatable; for ex
 
 For each (shape, recipe, input family) and each baseline: one pre-pass, then both kernels on the same operands,
 compared bit for bit (output, LSE, rollback counts) and each against float64 attention on sampled query rows
-(relative error), then kernel-only ``do_bench`` medians interleaved A B, B A, ... (``--rounds``), so that clock and power
-drift hits both alike. Run on the H200 from the repository root:
+(relative error), then kernel-only ``do_bench`` medians interleaved A B, B A, ... (``--rounds``), so that clock and
+power drift hits both alike. Run on the H200 from the repository root:
 
     source scripts/device_env.sh
     git show <commit>:kernels/fused_attention_gluon_pingpong.py > /tmp/baseline.py   # on a machine with the history
@@ -116,8 +116,8 @@ def markdown(env, args, rows) -> str:
              f"date {time.strftime('%Y-%m-%dT%H:%M:%SZ', time.gmtime())}",
              f"- command: `python3 scripts/kernel_ab_h200.py {' '.join(sys.argv[1:])}`",
              f"- kernel-only times (pre-pass done once, same operands): `do_bench` medians (warmup {args.warmup} ms, "
-             f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current, current/baseline, ...; the median "
-             "over the round pairs of the pair's mean (`kernel_bench.paired_median`)",
+             f"rep {args.rep} ms), {args.rounds} rounds interleaved baseline/current, current/baseline, ...; the "
+             "median over the round pairs of the pair's mean (`kernel_bench.paired_median`)",
              "- identical: output (bf16 bits), LSE (fp32 bits) and rollback counts of the two kernels on the same "
              "operands",
              f"- rel. err: relative Frobenius error against float64 softmax attention on {SAMPLE_ROWS} sampled query "

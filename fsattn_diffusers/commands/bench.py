@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-from ..measure.kernel_bench import BASELINES, RECIPES, SHAPES, bench_shape, environment, markdown
+from ..measure.kernel_bench import BASELINES, RECIPES, SHAPES, bench_shape, environment, markdown, rounds_accepted
 
 NAME = "bench"
 HELP = "time the kernels against torch SDPA (cuDNN, flash), FlashAttention-3 (bf16, FP8) and SageAttention on a GPU"
@@ -83,7 +83,7 @@ def run(args) -> int:
             raise UsageError(f"unknown --inputs {x!r}; accepted: {', '.join(FAMILIES)}")
         if x != "gaussian" and any(s_q != s_k for _, _, s_q, s_k, _ in shapes):
             raise UsageError(f"--inputs {x} needs S_q == S_k in every shape; accepted for S_q != S_k: gaussian")
-    if args.rounds < 1 or (args.rounds > 1 and args.rounds % 2):
+    if not rounds_accepted(args.rounds):
         raise UsageError(f"bad --rounds {args.rounds}; accepted: 1, or an even integer (forward and reverse rounds "
                          "in pairs)")
     if not torch.cuda.is_available():

@@ -146,6 +146,15 @@ def make_inputs(b, h, s_q, s_k, d, inputs="gaussian", seed=0):
     return family(b, h, s_q, d, torch.bfloat16, "cuda", seed)
 
 
+#: What ``rounds`` may be (:func:`interleaved_samples`, ``fsattn bench --rounds``).
+ROUNDS_ACCEPTED = "1 or an even number (forward and reverse rounds in pairs)"
+
+
+def rounds_accepted(rounds: int) -> bool:
+    """Whether :func:`interleaved_samples` takes ``rounds``: 1, or an even number (see :func:`paired_median`)."""
+    return rounds == 1 or (rounds > 1 and rounds % 2 == 0)
+
+
 def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]],
                         rounds: int) -> Dict[str, Dict[str, List[float]]]:
     """Run every timer once per round, the methods in turn within a round and in reverse order every other round
@@ -153,10 +162,10 @@ def interleaved_samples(timers: Dict[str, Dict[str, Callable[[], float]]],
     reaches every method alike instead of favouring the ones timed first or last.
 
     ``timers``: method -> {part: a zero-argument function returning milliseconds}, parts in the order to time them.
-    ``rounds``: 1, or an even number (forward and reverse rounds in pairs; see :func:`paired_median`).
+    ``rounds``: :data:`ROUNDS_ACCEPTED`.
     Returns method -> {part: ``rounds`` samples in round order}."""
-    if rounds < 1 or (rounds > 1 and rounds % 2):
-        raise ValueError(f"rounds must be 1 or an even number (forward and reverse rounds in pairs), got {rounds}")
+    if not rounds_accepted(rounds):
+        raise ValueError(f"rounds must be {ROUNDS_ACCEPTED}, got {rounds}")
     samples = {name: {part: [] for part in parts} for name, parts in timers.items()}
     names = list(timers)
     for r in range(rounds):
@@ -173,13 +182,13 @@ def paired_median(values: List[float]) -> float:
 
     A method's time depends on what ran just before it (on the H200 SDPA cuDNN took 21.9 ms after itself and 23.3 ms
     after our FP8 kernels, 2026-12-03, likely the GPU's clock and power state carrying over), and its place in the
-    round alternates between the two orders. Averaging within a pair gives every method each place once; a plain median of an odd
-    number of rounds would keep the majority order's place.
+    round alternates between the two orders. Averaging within a pair gives every method each place once; a plain
+    median of an odd number of rounds would keep the majority order's place.
     """
     if len(values) == 1:
         return float(values[0])
-    if not values or len(values) % 2:
-        raise ValueError(f"paired_median needs 1 or an even number of rounds, got {len(values)}")
+    if not rounds_accepted(len(values)):
+        raise ValueError(f"paired_median needs {ROUNDS_ACCEPTED}, got {len(values)} rounds")
     return float(statistics.median((values[i] + values[i + 1]) / 2 for i in range(0, len(values), 2)))
 
 
@@ -269,15 +278,14 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         times = {part: paired_median(values) for part, values in samples[name].items()}
         row = {"shape": [b, h, s_q, s_k, d], "inputs": inputs, "method": name, "ms": times["ms"],
                "tflops": flops / times["ms"] * 1e-9, **known}
+        kernel = ""
         if "kernel_ms" in times:
             row.update(prepass_ms=times["prepass_ms"], kernel_ms=times["kernel_ms"],
                        kernel_tflops=flops / times["kernel_ms"] * 1e-9)
+            kernel = f", pre-pass {times['prepass_ms']:.3f} ms, kernel {times['kernel_ms']:.3f} ms"
         if rounds > 1:
             row["rounds_ms"] = samples[name]
         results.append(row)
-        kernel = ""
-        if "kernel_ms" in times:
-            kernel = f", pre-pass {times['prepass_ms']:.3f} ms, kernel {times['kernel_ms']:.3f} ms"
         log(f"  {name:<14} {row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {row['rel_err']:.4f} "
             f"cos {row['cos']:.5f}{kernel}")
     del fa3, methods
