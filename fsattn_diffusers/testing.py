@@ -5,8 +5,9 @@
 * :func:`relative_error` — the global relative error ``||out - ref||_F / ||ref||_F`` (the paper's
   measure); :func:`error_and_cosine` gives it with the cosine.
 * :func:`cosine` — cosine similarity of the flattened tensors.
-* :func:`within_kernel_rule` — the rule a kernel meets against its own reference numerics:
-  ``err_kernel <= KERNEL_FACTOR * err_reference + KERNEL_ATOL`` (both errors against exact attention).
+* :func:`within_kernel_rule` — the rule a kernel meets against its own reference numerics (both errors against exact
+  attention): ``|err_kernel - err_reference| <= KERNEL_ERR_ATOL + KERNEL_ERR_REL * err_reference``; with
+  :data:`KERNEL_REF_MAX`, the bound on ``||kernel - reference|| / ||reference||``.
 * :func:`errors_agree` — two computations of the same numerics split differently (sequence shards, key halves
   merged by LSE): ``|err_a - err_b| <= SPLIT_RELATIVE * err_b + SPLIT_FLOOR``.
 """
@@ -18,9 +19,19 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 
-#: The kernel rule: the kernel's error may be twice its reference's, plus a floor for output rounding.
-KERNEL_FACTOR = 2.0
-KERNEL_ATOL = 1e-3
+#: The kernel rule. A kernel computes its reference's numerics (``sm90_numerics``) with one arithmetic difference the
+#: reference does not model: the FP8 tensor cores sum each score's products with ~13 mantissa bits below the largest
+#: exponent they add (not fp32; no simple model of it matched the H200 bit for bit). A score that moves by that much
+#: flips some of Stage-A's and P's roundings (an E4M3 step is 1/16 to 1/8 of P), so an element moves by about
+#: sqrt(shift * step): the two outputs differ by up to ~2% (1.3% on normal inputs with mxfp8; 2.0% with Q smoothing's
+#: chained key-term GEMM), while the error against exact attention stays the reference's, since each output is one
+#: realization of the same quantization. Hence: the kernel's error equals its reference's within 0.05 pp plus 2% of
+#: it, and the outputs lie within KERNEL_REF_MAX of each other. A deviation the numerics do not explain breaks the
+#: first rule on inputs whose recipe error is small (``clustered``): O accumulated across key tiles on the tensor
+#: cores gave 3.7% against the reference's 0.8% at S = 8192.
+KERNEL_ERR_ATOL = 5e-4
+KERNEL_ERR_REL = 0.02
+KERNEL_REF_MAX = 2e-2
 #: Split computations: errors within 15% of each other, plus a floor for fp32 rounding of the merge.
 SPLIT_RELATIVE = 0.15
 SPLIT_FLOOR = 1e-5
@@ -120,8 +131,8 @@ def nonfinite_where_finite(out: torch.Tensor, ref: torch.Tensor) -> int:
 
 
 def within_kernel_rule(err_kernel: float, err_reference: float) -> bool:
-    """``err_kernel <= KERNEL_FACTOR * err_reference + KERNEL_ATOL``."""
-    return err_kernel <= KERNEL_FACTOR * err_reference + KERNEL_ATOL
+    """``|err_kernel - err_reference| <= KERNEL_ERR_ATOL + KERNEL_ERR_REL * err_reference`` (see KERNEL_ERR_ATOL)."""
+    return abs(err_kernel - err_reference) <= KERNEL_ERR_ATOL + KERNEL_ERR_REL * err_reference
 
 
 def errors_agree(err_a: float, err_b: float) -> bool:

@@ -16,7 +16,8 @@ Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels
    ``bits << 16`` reads them as fp32 (no exp2, no float->int conversion). The FP8 PV operand is the E4M3
    rounding of that value (fp8_row) or of its MXFP6 quantization (mxfp6 P).
 5. ``l += rowsum`` of the quantized P values; P's key columns are permuted into the FP8 wgmma A-fragment
-   order (V8T is stored to match) and ``O += P8 V8_j``.
+   order (V8T is stored to match) and ``O += P8 V8_j``, the tile's product summed in a zero accumulator and added to
+   O in fp32.
 6. ``out = O * VS / l``; LSE = ``(log2 l - sigma + m) ln 2``.
 """
 
@@ -29,7 +30,7 @@ from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
 from .common import (E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, QX_MIN_LOG2,
-                     RNE_MAGIC as MAGIC, pow2, round_elem)
+                     RNE_MAGIC as MAGIC, pow2, round_bf16, round_elem)
 
 # f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
 # Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).
@@ -192,7 +193,10 @@ def _accumulate(acc, bmax, s128, c, o, l, vt_ptrs, GATE: tl.constexpr, P_MX: tl.
         p8, psum = _stage_ab_ungated(acc, s128, c, P_MX, BM, BN, RNE_CVT)
     l += psum
     p8 = _perm_p(p8, BM, BN)
-    o = tl.dot(p8, tl.trans(tl.load(vt_ptrs)), o)
+    # The tile's P V into a zero accumulator, added to O in fp32: the FP8 tensor cores accumulate with ~13 mantissa
+    # bits below the largest exponent they add, so chained onto O they cut every later tile's products at O's
+    # magnitude (sm90_numerics, "Accumulation").
+    o = o + tl.dot(p8, tl.trans(tl.load(vt_ptrs)))
     return o, l
 
 
@@ -343,6 +347,8 @@ def fsattn_fwd_kernel(Q8, QE, K8, KE, V8T, VS, OUT, LSE, STATS, KVL,
     vs = tl.load(VS + bh * D + dcol)
     inv = tl.where(l > 0, 1.0 / l, 0.0)
     out = o * inv[:, None] * vs[None, :]
+    if RNE_CVT and OUT.dtype.element_ty == tl.bfloat16:  # the CPU interpreter's fp32 -> bf16 cast truncates
+        out = round_bf16(out)
     optr = OUT + b.to(tl.int64) * sob + h.to(tl.int64) * soh + rows[:, None].to(tl.int64) * sos + dcol[None, :] * sod
     tl.store(optr, out.to(OUT.dtype.element_ty), mask=row_ok[:, None])
     if WRITE_LSE:

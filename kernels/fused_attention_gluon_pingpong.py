@@ -277,6 +277,7 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
     zero_s = gl.zeros([BM, BN], gl.float32, s_layout)
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
+    zero_o = gl.zeros([BM, D], gl.float32, o_layout)
     l = gl.zeros([BM], gl.float32, srow)  # MXFP6 P: the row sum; fp8_row P: set from lsum after the loop
     lt = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # one key tile's P8 @ ones (every column the row sum)
     lsum = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # their fp32 sum
@@ -311,7 +312,9 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
             s = _issue_scores(qs, k_smem.index(slot), qx_smem, kx_smem.index(slot), zero_s, KEY_TERM)
             if not P_MX:
                 lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
-            o = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), o, is_async=True)
+            # P V of tile j-1 into a zero accumulator, added to O in fp32 after the wait: chained onto O, the FP8
+            # accumulation (~13 bits below the largest exponent it adds) cut each tile's products at O's magnitude
+            ot = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), zero_o, use_acc=False, is_async=True)
             if P_MX:
                 s = warpgroup_mma_wait(1, deps=(s,))
             else:
@@ -326,7 +329,8 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
             low_before = low
             anyfire = _warp_any(fire, WG)  # this warp only
             p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
-            o, p = warpgroup_mma_wait(0, deps=(o, p))
+            ot, p = warpgroup_mma_wait(0, deps=(ot, p))
+            o = o + ot
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
@@ -357,12 +361,13 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
         pa = _words_to_fp8(pw, p_layout, BM, BN)
         if not P_MX:
             lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)
-        o = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), o, is_async=True)
+        ot = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), zero_o, use_acc=False, is_async=True)
         if P_MX:
-            o = warpgroup_mma_wait(0, deps=(o,))
+            ot = warpgroup_mma_wait(0, deps=(ot,))
         else:
-            o, lt = warpgroup_mma_wait(0, deps=(o, lt))
+            ot, lt = warpgroup_mma_wait(0, deps=(ot, lt))
             l = gl.convert_layout(gl.max(lsum + lt, axis=1), srow)  # every column holds the row sum
+        o = o + ot
 
     dcol = gl.arange(0, D, layout=ocol)
     orows = row0 + gl.arange(0, BM, layout=orow)

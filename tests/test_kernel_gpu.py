@@ -1,13 +1,13 @@
 """The Triton kernel on a CUDA GPU (sm_90+): against exact attention, the sm90 reference and the emulator.
 
-Tolerance rule (stated once, used everywhere): with ``err(x) = ||x - exact||_F / ||exact||_F`` against
-float64 softmax attention on the same inputs,
+Tolerance rule (stated once in :mod:`fsattn_diffusers.testing`, with its derivation): with
+``err(x) = ||x - exact||_F / ||exact||_F`` against float64 softmax attention on the same inputs,
 
-    err(kernel) <= 2 * err(sm90 reference) + 1e-3,
+    |err(kernel) - err(sm90 reference)| <= 5e-4 + 0.02 * err(sm90 reference),
 
 where the sm90 reference (:func:`fsattn_diffusers.emulator.sm90_reference_attention`) computes in
-PyTorch what the kernel computes; and the kernel must stay within 2e-2 relative of that reference (FP8
-tensor-core accumulation and summation order are not modeled). Every test prints its numbers before
+PyTorch what the kernel computes; and the kernel stays within KERNEL_REF_MAX (2e-2) relative of that reference
+(the score GEMM's FP8 tensor-core accumulation is not modeled). Every test prints its numbers before
 asserting. Skipped without CUDA; ``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1`` runs the same
 checks on the CPU through Triton's interpreter (slow; for developing the tests).
 """
@@ -30,8 +30,8 @@ from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.emulator import emulate_attention  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS, get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset, smooth_inputs  # noqa: E402
-from fsattn_diffusers.testing import (KERNEL_ATOL, KERNEL_FACTOR, errors_agree, exact_attention,  # noqa: E402
-                                      within_kernel_rule)
+from fsattn_diffusers.testing import (KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, errors_agree,  # noqa: E402
+                                      exact_attention, within_kernel_rule)
 
 from fsattn_diffusers.kernels.fused_attention import _stage_ab_h15  # noqa: E402
 from fsattn_diffusers.kernels.ops import attention_from_operands, fused_attention, prepass  # noqa: E402
@@ -44,7 +44,6 @@ RECIPES = ("mxfp8", "mxfp6", "mxfp4")
 #: The kernel's exponentials: Schraudolph's (the presets) and Rowmax-H15 (sm90_numerics difference 8).
 H15 = "mxfp8+exponential=rowmax_h15"
 EXP_RECIPES = RECIPES + (H15,)
-ATOL = KERNEL_ATOL
 # (B, H, S_q, S_k, D, layout, kv_lens): awkward lengths, S_q != S_k, batch > 1, both head dims, a batch
 # entry with no valid key.
 CASES = [
@@ -89,6 +88,24 @@ def run_case(recipe_name, b, h, s_q, s_k, d, layout, lens, spiky=False, seed=0):
     return out, lse, st, ref_o, ref_lse, ref_st, ex_o, ex_lse, (e_k, e_r)
 
 
+@pytest.mark.parametrize("variant", ["gluon_pingpong", "triton"])
+@pytest.mark.parametrize("recipe", RECIPES)
+def test_many_key_tiles_on_inputs_with_a_small_recipe_error(recipe, variant):
+    """``clustered`` inputs (sharp, patch-like rows; the recipe's error ~1%) over 64 key tiles: the kernel's error is
+    its reference's (testing.within_kernel_rule). O accumulated across key tiles on the FP8 tensor cores (each tile's
+    products cut at O's magnitude) broke this rule on the H200 by ~3 pp on inputs of this kind (3.7% against 0.8%)."""
+    if CPU_INTERPRET:
+        pytest.skip("64 key tiles take too long in Triton's interpreter (whose dot accumulates in fp32 anyway)")
+    q, k, v = FAMILIES["clustered"](1, 2, 8192, 128, torch.bfloat16, DEV, 0)
+    out, _, _ = _kernel(q, k, v, recipe, None, variant)
+    ref_o, _, _ = sm90_reference_attention(q, k, v, get_recipe(recipe), scale=128 ** -0.5)
+    ex_o, _ = exact(q, k, v, 128 ** -0.5, None)
+    e_k, e_r = rel(out, ex_o), rel(ref_o, ex_o)
+    print(f"clustered {recipe} {variant}: err kernel {e_k:.5f} ref {e_r:.5f}, kernel-vs-ref {rel(out, ref_o):.2e}")
+    assert not torch.isnan(out).any()
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX
+
+
 @pytest.mark.parametrize("recipe", EXP_RECIPES)
 @pytest.mark.parametrize("case", CASES, ids=lambda c: "x".join(map(str, c[:5])) + f"-{c[5]}-kv{c[6]}")
 def test_kernel_matches_reference_and_rule(recipe, case):
@@ -96,8 +113,8 @@ def test_kernel_matches_reference_and_rule(recipe, case):
     assert out.shape == ex_o.shape and out.dtype == torch.bfloat16
     assert not torch.isnan(out).any(), "unwritten (NaN-poisoned) or NaN output"
     assert torch.isfinite(out).all()
-    assert within_kernel_rule(e_k, e_r), f"tolerance rule: {e_k} > {KERNEL_FACTOR} * {e_r} + {ATOL}"
-    assert rel(out, ref_o) < 2e-2
+    assert within_kernel_rule(e_k, e_r), f"tolerance rule: |{e_k} - {e_r}| > {KERNEL_ERR_ATOL} + {KERNEL_ERR_REL} * {e_r}"
+    assert rel(out, ref_o) < KERNEL_REF_MAX
     finite = torch.isfinite(ex_lse)
     assert torch.equal(torch.isfinite(lse), finite), "LSE must be -inf exactly on rows with no valid key"
     assert (lse - ref_lse)[finite].abs().max() < 5e-2
@@ -124,7 +141,7 @@ def test_a_single_key_without_kv_lens(recipe, case):
     out, lse, _, ref_o, _, _, _, _, (e_k, e_r) = run_case(recipe, *case)
     out2, lse2 = run_case(recipe, *case)[:2]
     assert torch.isfinite(out).all() and torch.isfinite(lse).all(), "NaN or unwritten output with one key"
-    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX
     assert torch.equal(out, out2) and torch.equal(lse, lse2), "two calls differ"
 
 
@@ -138,7 +155,7 @@ def test_spiky_inputs_roll_back_and_stay_finite(recipe):
     assert abs(st["rollback_tiles"] - ref_st["rollback_tiles"]) <= max(2, ref_st["rollback_tiles"] // 50)
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
     assert within_kernel_rule(e_k, e_r)
-    assert rel(out, ref_o) < 2e-2
+    assert rel(out, ref_o) < KERNEL_REF_MAX
 
 
 @pytest.mark.parametrize("recipe", RECIPES)
@@ -158,7 +175,7 @@ def test_identical_keys_smooth_to_an_all_zero_tile(recipe):
     print(f"{recipe}: err kernel {rel(out, ex_o):.5f} ref {rel(ref_o, ex_o):.5f}, "
           f"lse maxdiff {float((lse - ex_lse.float()).abs().max()):.2e}")
     assert torch.isfinite(out).all() and torch.isfinite(lse).all()
-    assert rel(out, ref_o) < 2e-2 and float((lse - ex_lse.float()).abs().max()) < 0.1
+    assert rel(out, ref_o) < KERNEL_REF_MAX and float((lse - ex_lse.float()).abs().max()) < 0.1
 
 
 def test_unwritten_output_buffer_is_fully_written():
@@ -335,7 +352,7 @@ def test_gluon_variant_matches_triton_and_reference(case, recipe, variant):
     # accumulation keeps ~13-14 mantissa bits, so small P next to a large one (spiky rows) are partly dropped: LSE
     # differences of 1e-4 to 1.9e-3 measured on the H200, far below the recipe's own error.
     assert rel(og, of) < 2e-3 and lse_diff < 5e-3
-    assert within_kernel_rule(e_g, e_r) and rel(og, ref_o) < 2e-2
+    assert within_kernel_rule(e_g, e_r) and rel(og, ref_o) < KERNEL_REF_MAX
     assert abs(int(sg[0]) - int(sf[0])) <= max(2, int(sf[0]) // 50) and int(sg[1]) == int(sf[1])
     if lens is not None and 0 in lens:
         assert torch.all(og[lens.index(0)] == 0)
@@ -349,7 +366,7 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
     lowering (``rollback_floor_log2=10``) both kernels lower it at the first tile that peaks 10 doublings down, as the
     sm90 reference does (same rollback counts within 2%), and recover the other keys' weights that fp8_row P had
     flushed; without it they keep the reference; with Q smoothing (the per-key score term added before the gates) as
-    well. Rule as everywhere: err <= 2 err(ref) + 1e-3, within 2e-2 of it; the LSE rule is stated below."""
+    well. Rule as everywhere (testing.within_kernel_rule, KERNEL_REF_MAX); the LSE rule is stated below."""
     if CPU_INTERPRET and variant == "gluon_pingpong":
         pytest.skip("Gluon kernels do not run in Triton's interpreter")
     s_k = 2048 if CPU_INTERPRET else 8192
@@ -368,7 +385,7 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
           f"lse maxdiff {lse_diff:.2e} (row {worst}: output row differs by {row_diff:.2e}; rows above 5e-2: "
           f"{int(off.sum())}) | rollbacks kernel {st.tolist()} ref {ref_st}")
     assert not torch.isnan(out).any() and torch.isfinite(lse).all()
-    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX
     # The kernels' scores carry the FP8 tensor cores' accumulation, which the reference does not model. A row rolled
     # back to the sink (diagonal order: the sink's tile comes later) has m = the old reference + whole doublings, so
     # the sink's P * 2^4 sits anywhere in [8, 16), where E4M3's step is 1: a score moved by that rounding can flip the
@@ -402,7 +419,7 @@ def test_the_kernels_lower_at_the_second_low_tile_as_the_reference_does(pattern,
     print(f"{pattern} {variant}: rollbacks kernel {st.tolist()} ref {ref_st['rollbacks']}, err kernel {e_k:.5f} "
           f"ref {e_r:.5f}, lse maxdiff {float((lse - ref_lse).abs().max()):.2e}")
     assert int(st[0]) == ref_st["rollbacks"]
-    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and float((lse - ref_lse).abs().max()) < 5e-2
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX and float((lse - ref_lse).abs().max()) < 5e-2
 
 
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
@@ -427,8 +444,8 @@ def test_the_kernels_visit_the_key_tiles_in_the_recipes_order(pattern, variant):
               f"{e_k:.5f} ref {e_r:.5f}, kernel-vs-ref {rel(out, ref_o):.2e}, lse maxdiff {lse_diff:.2e}")
         assert not torch.isnan(out).any() and torch.isfinite(lse).all()
         assert int(st[0]) == ref_st["rollbacks"]
-        # rows dominated by one 8-doubling-high tile: the FP8 GEMMs' accumulation moves the output by up to 2.6e-2
-        # from the reference in either order on the H200 (the error against exact attention stays the reference's)
+        # rows dominated by one 8-doubling-high tile: the FP8 GEMMs' accumulation moved the output by up to 2.6e-2
+        # from the reference in either order on the H200 with O accumulated across key tiles on the tensor cores
         assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 4e-2 and lse_diff < 5e-2
         outs[order] = out
     assert not torch.equal(outs["natural"], outs["diagonal"])

@@ -2,7 +2,7 @@
 wgmma and the triton kernel's per-score add of the same carried term, against the sm90 reference.
 
 Tolerance rule (tests/test_kernel_gpu.py): ``err(kernel) <= 2 err(sm90 reference) + 1e-3`` against float64
-attention, the kernel within 2e-2 of the reference; the LSE within 0.1 nats + 2^-9 of its size (FP8 accumulation of
+attention, the kernel within KERNEL_REF_MAX of the reference (testing.within_kernel_rule); the LSE within 0.1 nats + 2^-9 of its size (FP8 accumulation of
 the scores on structured inputs, measured below). Skipped without CUDA;
 ``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1`` runs the triton kernel's cases through the interpreter.
 """
@@ -27,7 +27,7 @@ from fsattn_diffusers.numerics import numerics_for  # noqa: E402
 from fsattn_diffusers.operands import LOG2E, prequantize_qk  # noqa: E402
 from fsattn_diffusers.recipe import get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset, smooth_inputs  # noqa: E402
-from fsattn_diffusers.testing import exact_attention, within_kernel_rule  # noqa: E402
+from fsattn_diffusers.testing import KERNEL_REF_MAX, exact_attention, within_kernel_rule  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 VARIANTS = ["triton", "gluon_pingpong"]
@@ -72,7 +72,7 @@ def _check(name, q, k, v, recipe, variant, kv=None, ql=None):
           f"{ops.kg.tolist()} | rollbacks kernel {st.tolist()} ref {ref_st['rollbacks']}")
     assert all(torch.equal(a, b) for a, b in zip((q, k, v), (q_in, k_in, v_in))), "inputs modified"
     assert not torch.isnan(out).any() and torch.equal(torch.isfinite(lse), finite)
-    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 2e-2 and lse_diff < LSE_ATOL
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX and lse_diff < LSE_ATOL
     return ops
 
 

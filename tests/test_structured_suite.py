@@ -277,7 +277,7 @@ def test_cli_bad_args(extra, needle):
 def test_list_families():
     res = subprocess.run([sys.executable, "-m", "fsattn_diffusers", "accuracy", "--list-families"],
                          capture_output=True, text=True, timeout=120)
-    assert res.returncode == 0 and len(res.stdout.strip().splitlines()) == len(FAMILIES) == 15
+    assert res.returncode == 0 and len(res.stdout.strip().splitlines()) == len(FAMILIES) == 16
 
 
 def test_default_recipes_and_table4_paper_presets(monkeypatch):
