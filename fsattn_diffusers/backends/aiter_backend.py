@@ -137,4 +137,4 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=No
     return out.transpose(1, 2).to(q.dtype), None, stats
 
 
-register_backend(Backend("aiter", _run, _available, _unsupported, takes_q_lens=True))
+register_backend(Backend("aiter", _run, _available, _unsupported, takes_q_lens=True, computes="mi355x"))

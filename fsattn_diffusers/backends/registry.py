@@ -25,6 +25,9 @@ class Backend:
     #: ``fn`` and ``unsupported`` also take ``q_lens`` (int64 (B,) or None): the valid queries that Q smoothing's mean
     #: and switch count. A call with ``q_lens`` and a Q-smoothing recipe runs only on backends that take it.
     takes_q_lens: bool = False
+    #: The numerics this backend computes whatever ``Recipe.numerics`` says (the Hopper kernels: ``"sm90"``; AITER's
+    #: kernels: ``"mi355x"``; FlashAttention-3: ``"fa3"``); None: the recipe's own ``numerics`` (the emulator).
+    computes: Optional[str] = None
     #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
     #: ``torch.compile`` traces (the probes themselves import modules and query the device).
     _seen: Dict[tuple, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
