@@ -6,7 +6,7 @@ warpgroup waits split by their depth, the FMNMX split into Stage-A's clamp and t
 stall reasons, then the share per stall reason. With --columns it also writes a smaller CSV that keeps only the
 address, the instruction, the sample counts and the stall reasons.
 
-    python3 scripts/ncu_stall_summary.py ncu_sass_h200.csv [--columns OUT.csv]
+    python -m fsattn_diffusers.measure.ncu_stalls ncu_sass_h200.csv [--columns OUT.csv]
 """
 
 import argparse

@@ -6,8 +6,7 @@ each time is :func:`fsattn_diffusers.measure.kernel_bench.paired_median` of the 
 before ``--rounds`` took even counts only) drops its last round, so the estimate still pairs forward and reverse
 rounds. Prints a markdown table:
 
-    python3 scripts/bench_recipe_pairs.py benchmarks/results/default_vs_paper_presets_h200.json \\
-        [--pairs mxfp8:mxfp8-paper,...]
+    python -m fsattn_diffusers.measure.bench_pairs benchmarks/results/bench_h200.json [--pairs mxfp8:mxfp8-paper,...]
 """
 
 from __future__ import annotations
@@ -16,8 +15,8 @@ import argparse
 import json
 import sys
 
-from fsattn_diffusers.measure.kernel_bench import paired_median
-from fsattn_diffusers.recipe import PAPER_SUFFIX
+from ..recipe import PAPER_SUFFIX
+from .kernel_bench import paired_median
 
 PARTS = ("ms", "prepass_ms", "kernel_ms")
 
@@ -75,7 +74,7 @@ def main(argv=None) -> int:
     if args.pairs:
         pairs = [tuple(p.split(":", 1)) for p in args.pairs.split(",")]
         if any(len(p) != 2 for p in pairs):
-            print(f"bench_recipe_pairs: bad --pairs {args.pairs!r}; accepted: a:b[,c:d ...]", file=sys.stderr)
+            print(f"bench_pairs: bad --pairs {args.pairs!r}; accepted: a:b[,c:d ...]", file=sys.stderr)
             return 2
     else:
         methods = list(dict.fromkeys(r["method"] for r in results))
