@@ -180,9 +180,8 @@ def paired_median(values: List[float]) -> float:
     """The time one method reports from its :func:`interleaved_samples`: the median, over the (forward, reverse)
     round pairs, of the pair's mean; one round's value as it is.
 
-    A method's time depends on what ran just before it (on the H200 SDPA cuDNN took 21.9 ms after itself and 23.3 ms
-    after our FP8 kernels, 2026-12-03, likely the GPU's clock and power state carrying over), and its place in the
-    round alternates between the two orders. Averaging within a pair gives every method each place once; a plain
+    A method's time depends on what ran just before it (likely the GPU's clock and power state carrying over;
+    benchmarks/NOTES.md §13), and its place in the round alternates between the two orders. Averaging within a pair gives every method each place once; a plain
     median of an odd number of rounds would keep the majority order's place.
     """
     if len(values) == 1:
