@@ -269,7 +269,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         _, stats = attention(qq, kk, vv, recipe, return_stats=True, **lay_args)
         checked(rname, full, parts, {"rollback_rate": stats["rollback_rate"], "peak_extra_bytes": peak_extra,
                                      "qkv_bf16_bytes": int(2 * b * h * (s_q + 2 * s_k) * d),
-                                     **provenance.recipe_record(recipe, LAST_RAN[recipe.name])})
+                                     **provenance.recipe_record(recipe, LAST_RAN.get(recipe.name, "triton"))})
     samples = interleaved_samples(
         {name: {"ms": (lambda fn=fn: timed(fn, warmup, rep)),
                 **{part: (lambda f=f: timed(f, warmup, rep)) for part, f in parts.items()}}
