@@ -20,6 +20,7 @@ whether the call left its inputs unchanged (compared with a copy taken before th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -246,7 +247,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
                         all_notes.append(f"{name}: {w}")
         return {"cases": list(cases), "columns": list(columns), "recipe_formats": formats, "notes": all_notes,
                 "exact": exact, "seconds": time.perf_counter() - t_start,
-                "recipes": {name: _recipe_dict(r) for name, r in ours.items()},
+                "recipes": {name: dataclasses.asdict(r) for name, r in ours.items()},
                 "computed_numerics": {name: _computed(ours.get(name)) for name in columns}}
 
     cases: List[Dict] = []
@@ -287,12 +288,6 @@ def _computed(recipe: Optional[Recipe]) -> Optional[str]:
         return BASELINE
     ran = LAST_RAN.get(recipe.name)
     return computed_numerics(ran, recipe) if ran else None
-
-
-def _recipe_dict(r: Recipe) -> Dict:
-    import dataclasses
-
-    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
 
 
 def _average(cells: List[Dict]) -> Dict:
