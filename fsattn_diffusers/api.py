@@ -104,7 +104,11 @@ def attention(
     k, v : Tensor (B, S_k, H, D) or (B, H, S_k, D)
         float16, bfloat16 or float32, all of one dtype and device. Any strides.
     recipe : str or Recipe
-        A preset (``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"bf16"``, ``"exact"``) or a Recipe.
+        A preset of :data:`~fsattn_diffusers.recipe.PRESETS` (``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``: the paper's
+        pipeline with the default additions of NUMERICS.md §7; ``"mxfp8-paper"``, ``"mxfp6-paper"``,
+        ``"mxfp4-paper"``: the paper's pipeline alone; ``"bf16"``: the conventional softmax on BF16 operands, computed
+        by the emulator, not stock attention; ``"exact"``: FP32 throughout), a preset with changes
+        (``"mxfp8+smooth_q=false"``) or a Recipe.
     scale : float, optional
         Softmax scale alpha; default ``D ** -0.5``.
     kv_lens : int tensor (B,) or sequence of ints, optional
@@ -121,7 +125,9 @@ def attention(
         Also return a dict with ``rollbacks`` (row-level rollback events), ``tiles`` (query tile x key
         tile pairs visited), ``rollback_tiles`` (pairs where any row rolled back), ``rollback_rate``.
     backend : str
-        ``"auto"`` (Triton on CUDA sm_90+, AITER on ROCm, else the emulator), or a backend name.
+        ``"auto"`` (Triton on CUDA sm_90+, AITER on ROCm, else the emulator), or a backend name. The Hopper
+        kernels compute the recipe's ``sm90`` variant whatever ``Recipe.numerics`` says (NUMERICS.md §6); the
+        emulator computes the variant the recipe names.
     strict : bool
         Non-finite inputs (NaN, +-inf in q, or in k/v at keys before ``kv_lens``): with ``False`` (default)
         one warning per process, and the (batch, head) slices that hold them are computed with exact

@@ -21,7 +21,7 @@ SCHRAUDOLPH_EPS = 0.05798
 PROXY_LAYOUT = {"u32": (23, 127, 32), "u16": (7, 127, 16), "u8": (3, 7, 8)}
 # The U8 pattern is read as FP8 E4M3, whose 0x7F is NaN: saturate at 0x7E (448).
 U8_MAX_CODE = 0x7E
-# Rowmax-H15 keeps results normal: n >= -252 gives at least 2^-126 (seed 002, "Rowmax-H15").
+# Rowmax-H15 keeps results normal: n >= -252 gives at least 2^-126 (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?").
 ROWMAX_H15_MIN_N = -252
 
 
@@ -67,7 +67,7 @@ def schraudolph(y: torch.Tensor, proxy: str = "u16") -> torch.Tensor:
 
 
 def rowmax_h15(y: torch.Tensor) -> torch.Tensor:
-    """Rowmax-H15 (seed 002): ``n = round_half_even(2y)``, ``(1 + 0.5 (n mod 2)) * 2^(n div 2)``."""
+    """Rowmax-H15 ("How Much Softmax Do You Need in LLMs?" (Zhu, Hu, Kozlowski)): ``n = round_half_even(2y)``, ``(1 + 0.5 (n mod 2)) * 2^(n div 2)``."""
     n = torch.clamp(torch.round(2.0 * y.to(torch.float32)), min=ROWMAX_H15_MIN_N)
     finite = torch.isfinite(n)
     n = torch.where(finite, n, torch.zeros_like(n))

@@ -18,19 +18,15 @@ the block's other elements, a per-tensor FP8 scale turns the whole tensor into z
 
 from __future__ import annotations
 
-import os
-import sys
-import warnings
 from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from .notices import warn_once
 from .smoothing import valid_prefix
 
-_PACKAGE_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
 # Score elements of one float64 block in the exact recomputation (128 MiB).
 _EXACT_BLOCK = 1 << 24
-_WARNED = False
 
 
 def detect(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor] = None
@@ -115,25 +111,10 @@ def describe(counts: Dict[str, int]) -> str:
     return ", ".join(f"{name}: {n}" for name, n in counts.items() if n)
 
 
-def _caller_stacklevel() -> int:
-    """``stacklevel`` for :func:`warnings.warn` that names the first frame outside this package."""
-    frame, level = sys._getframe(1), 2
-    while frame is not None and os.path.abspath(frame.f_code.co_filename).startswith(_PACKAGE_DIR):
-        frame, level = frame.f_back, level + 1
-    return level - 1
-
-
-def _warn_once(message: str) -> None:
-    global _WARNED
-    if not _WARNED:
-        _WARNED = True
-        warnings.warn(message, RuntimeWarning, stacklevel=_caller_stacklevel())
-
-
 def warn_counts(counts: Dict[str, int], slices: int, action: str = "follow exact attention") -> None:
     """The one warning per process of ``strict=False`` (one line, attributed to the caller's frame)."""
     if any(counts.values()):
-        _warn_once(f"fsattn: non-finite input elements (NaN/inf) in {describe(counts)}; the {slices} affected "
+        warn_once("nonfinite", f"fsattn: non-finite input elements (NaN/inf) in {describe(counts)}; the {slices} affected "
                    f"(batch, head) slice(s) {action} (warned once per process)")
 
 

@@ -2,7 +2,8 @@
 
 * :class:`FSAttnWarning` (a ``RuntimeWarning``) is the category of every fsattn warning; :func:`warn`
   attributes it to the first frame outside fsattn and the libraries that call it (torch, diffusers, ...),
-  so Python's warning line names the user's code, never an fsattn source line.
+  so Python's warning line names the user's code, never an fsattn source line. :func:`warn_once` is the one
+  once-per-process form (per key) that every module uses.
 * :func:`one_line_warnings` (used by the command-line tools) prints fsattn warnings as one line
   ``"<prog>: warning: <message>"`` above a running progress bar.
 * :func:`quiet_third_party` keeps the warnings of a few named third-party loggers (collected, not
@@ -57,6 +58,23 @@ def _inside(frame) -> bool:
 def warn(message: str, category: type = FSAttnWarning) -> None:
     """``warnings.warn(message, category)`` attributed to the user's frame (see :func:`caller_stacklevel`)."""
     warnings.warn(message, category, stacklevel=caller_stacklevel())
+
+
+#: Keys of the :func:`warn_once` warnings already emitted in this process (tests clear entries to see one again).
+_WARNED: set = set()
+
+
+def warn_once(key: str, message: str) -> None:
+    """Emit ``message`` once per process for ``key``, as an :class:`FSAttnWarning` attributed to the user's code
+    (:func:`warn`); not while ``torch.compile`` traces (a warning would break the graph; the eager calls of the
+    same run emit it)."""
+    if key in _WARNED:
+        return
+    import torch
+
+    if not torch.compiler.is_compiling():
+        _WARNED.add(key)
+        warnings.warn(message, FSAttnWarning, stacklevel=caller_stacklevel())
 
 
 @contextlib.contextmanager

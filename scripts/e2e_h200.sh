@@ -29,7 +29,7 @@ import torch.nn.functional as F
 import fsattn_diffusers
 from fsattn_diffusers import backends
 from fsattn_diffusers.integration.policy import get_policy
-from fsattn_diffusers.measure import e2e, e2e_config
+from fsattn_diffusers.measure import e2e, e2e_config, provenance
 
 dev = torch.device("cuda")
 bounds = {"fa3": 1e-2, "fa3-fp8": 0.08}  # FP8 E4M3 Q/K/V with per-head scales on N(0,1): a few percent
@@ -51,7 +51,8 @@ for name in bounds:
         err = ((out.float() - ref[varlen][0]).norm() / ref[varlen][0].norm()).item()
         lse_err = (lse - ref[varlen][1]).abs().max().item()
         ok = err < bounds[name] and lse_err < 0.05 and out.dtype == torch.bfloat16
-        fa3.append(dict(policy=name, kv_lens=varlen, rel_l2=err, lse_max_abs=lse_err, ok=ok))
+        fa3.append(dict(policy=name, kv_lens=varlen, rel_l2=err, lse_max_abs=lse_err, ok=ok,
+                        **provenance.policy_record(name)))
         print(f"{name:8} {'varlen' if varlen else 'dense':6} rel L2 {err:.3e} LSE max|diff| {lse_err:.2e} {'ok' if ok else 'FAIL'}")
 breaks = []
 models = {"wan2.2-a14b": (e2e.wan22_spec(frames=9, scale={"num_layers": 1}), "blocks"),
@@ -72,15 +73,15 @@ for model_name, (spec, blocks) in models.items():
                     for backend in backends.registered().values():
                         backend._seen.clear()
                 rep = e2e_config.explain_block(block, args, kwargs)
-                breaks.append(dict(model=model_name, policy=policy, probes=probes, **rep))
+                breaks.append(dict(model=model_name, policy=policy, probes=probes, **rep,
+                                   **provenance.policy_record(policy)))
                 print(f"{model_name:13} {policy:8} probes {probes:6} graphs {rep['graphs']} breaks {rep['graph_breaks']}"
                       + (f"  first: {rep['reasons'][0]}" if rep["reasons"] else ""))
         finally:
             fsattn_diffusers.remove(model)
     del model
     torch.cuda.empty_cache()
-doc = dict(date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), device=torch.cuda.get_device_name(dev),
-           torch=torch.__version__, fa3=fa3, graph_breaks=breaks)
+doc = dict(meta=provenance.header("OUT=$OUT bash scripts/e2e_h200.sh check"), fa3=fa3, graph_breaks=breaks)
 json.dump(doc, open(sys.argv[1], "w"), indent=1, default=str)
 sys.exit(0 if all(r["ok"] for r in fa3) else 1)
 PY

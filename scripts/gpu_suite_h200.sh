@@ -20,7 +20,7 @@
 #   power  not in `all`: SM clock, power and throttle reasons (nvidia-smi every 100 ms) while SDPA-cuDNN, mxfp8
 #          and an FP8 GEMM (torch._scaled_mm 8192^3) run back to back -> power_h200.txt; then Nsight Compute on one
 #          launch of the attention kernel at (1, 24, 8192, 128) -> ncu_details_h200.txt, ncu_sass_h200.csv and
-#          its stall summary ncu_stalls_h200.md (scripts/ncu_stall_summary.py) (~1-4 min).
+#          its stall summary ncu_stalls_h200.md (python -m fsattn_diffusers.measure.ncu_stalls) (~1-4 min).
 # FSATTN_KERNEL_VARIANT=gluon_pingpong|triton forces one kernel for every part (default: gluon_pingpong for mxfp8,
 # triton for mxfp6/mxfp4). Logs and results land in $OUT; the environment in $OUT/env.txt.
 PARTS_ALL="tests fuzz bench" PARTS_MORE="power"
@@ -131,7 +131,7 @@ for _ in range(3):
 torch.cuda.synchronize()' || return $?
   ncu --import "$rep.ncu-rep" --page details > "$OUT/ncu_details_h200.txt" || return $?
   ncu --import "$rep.ncu-rep" --page source --csv --print-source sass > "$OUT/ncu_sass_h200.csv"
-  python3 scripts/ncu_stall_summary.py "$OUT/ncu_sass_h200.csv" > "$OUT/ncu_stalls_h200.md" || true
+  python3 -m fsattn_diffusers.measure.ncu_stalls "$OUT/ncu_sass_h200.csv" > "$OUT/ncu_stalls_h200.md" || true
   grep -E "Issue Slots Busy|Issued Ipc|No Eligible|Warp Cycles Per Issued|Pipe|SM Frequency|Duration" \
     "$OUT/ncu_details_h200.txt" | head -30
 }

@@ -28,6 +28,7 @@ import torch
 import torch.nn as nn
 import torch.nn.functional as F
 
+from fsattn_diffusers.measure.provenance import commit
 from fsattn_diffusers.training import Calibration, EndsFeedback, GridSoftmaxConfig, Rounding, grid_ends, grid_softmax
 
 VARIANTS = {
@@ -233,6 +234,8 @@ def main(argv=None):
     meta = {
         "command": "python " + " ".join([os.path.relpath(sys.argv[0])] + sys.argv[1:]) if argv is None else argv,
         "date_utc": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "date": dt.datetime.now(dt.timezone.utc).isoformat(timespec="seconds"),
+        "device": f"CPU ({os.cpu_count()} cores, {platform.machine()})", "commit": commit(),
         "machine": {"platform": platform.platform(), "processor": platform.processor() or platform.machine(),
                     "cpu_count": os.cpu_count(), "torch_threads": args.threads},
         "torch": torch.__version__,
@@ -245,6 +248,8 @@ def main(argv=None):
         "seeds": seeds,
         "total_seconds": time.perf_counter() - t0,
     }
+    for r in runs:  # the result rows' record: these are training variants, not attention Recipes
+        r.update(recipe=None, computed_numerics=f"training.grid_softmax variant {r['variant']!r} (no attention Recipe)")
     with open(args.out + ".json", "w") as fh:
         json.dump({"meta": meta, "summary_final": summary, "runs": runs}, fh, indent=1)
     plot(runs, args.out + ".png", _title(meta))

@@ -126,17 +126,13 @@ def test_markdown_says_how_the_times_were_taken():
     assert "6 interleaved rounds" in six and "median over the 3 (forward, reverse) pairs" in six
 
 
-def test_recipe_pairs_script_pairs_rounds_within_one_run(tmp_path, capsys):
-    """scripts/bench_recipe_pairs.py: X against X-paper per shape, from the rounds by the paired median (an odd count
+def test_bench_pairs_pairs_rounds_within_one_run(tmp_path, capsys):
+    """measure.bench_pairs: X against X-paper per shape, from the rounds by the paired median (an odd count
     drops its last round), a single-round row from its value."""
-    import importlib.util
     import json
-    import pathlib
 
-    path = pathlib.Path(__file__).resolve().parents[1] / "scripts" / "bench_recipe_pairs.py"
-    spec = importlib.util.spec_from_file_location("bench_recipe_pairs", path)
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    from fsattn_diffusers.measure import bench_pairs as mod
+
     shape = [1, 2, 256, 256, 64]
     rows = [dict(shape=shape, method="sdpa-cudnn", ms=9.0),
             dict(shape=shape, method="mxfp8", ms=5.0, prepass_ms=1.0, kernel_ms=4.0,

@@ -8,6 +8,9 @@ A backend that finds non-finite inputs as a by-product of its own reads says so 
 then also takes ``detect_nonfinite`` and returns the flags as a fourth value. One that honours ``attention``'s
 ``q_lens`` (Q smoothing's valid queries) says so (``takes_q_lens``) and takes it as a keyword, in ``fn`` and in
 ``unsupported``.
+A backend that computes other numerics than ``Recipe.numerics`` names them (``Backend.computes``): the Hopper
+kernels compute the ``sm90`` variant of every recipe. :func:`computed_numerics` says what a backend computes for a
+recipe, and :data:`LAST_RAN` which backend ran a recipe last in this process (for the result files' records).
 """
 
 from __future__ import annotations
@@ -18,6 +21,17 @@ import torch
 
 from .registry import (_REGISTRY, _WARNED, AUTO_ORDER, Backend, register_backend,  # noqa: F401 (the public table)
                        unregister_backend, warn_once)
+
+
+#: Recipe name -> the backend that ran the latest eager call of it in this process (not updated while
+#: ``torch.compile`` traces).
+LAST_RAN: Dict[str, str] = {}
+
+
+def computed_numerics(backend: str, recipe) -> str:
+    """The numerics ``backend`` computes for ``recipe``: its fixed ones (``Backend.computes``) or the recipe's."""
+    fixed = registered()[backend].computes
+    return fixed if fixed is not None else recipe.numerics
 
 
 def _ensure_loaded() -> None:
@@ -92,6 +106,8 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
                       f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
         if be.slow:
             warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
+        if not torch.compiler.is_compiling():
+            LAST_RAN[recipe.name] = cand
         args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats, **lens)
         if be.detects_nonfinite:
             return be.fn(q, k, v, recipe, **args, detect_nonfinite=detect_nonfinite)

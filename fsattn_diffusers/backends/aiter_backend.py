@@ -18,8 +18,7 @@ it falls back with a warning; on the other calls the switch leaves Q as it is an
 presets' ``key_order="diagonal"`` (each query tile starts at its own key tile) and the MXFP6-P presets'
 ``frozen_max_offset_log2`` are not arguments of ``mha_v4``: AITER visits the key tiles in its own order from tile 0
 and freezes the reference at that tile's row maximum, as the paper does, and the adapter says so once per process and
-field (in the emulator's ``mi355x`` mode the diagonal order takes mxfp8's ``locality`` family from 6.9% to 6.5% at
-S = 4096).
+field (what the diagonal order changes on local attention: benchmarks/NOTES.md §14).
 """
 
 from __future__ import annotations
@@ -137,4 +136,4 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=No
     return out.transpose(1, 2).to(q.dtype), None, stats
 
 
-register_backend(Backend("aiter", _run, _available, _unsupported, takes_q_lens=True))
+register_backend(Backend("aiter", _run, _available, _unsupported, takes_q_lens=True, computes="mi355x"))

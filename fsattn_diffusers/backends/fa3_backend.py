@@ -3,7 +3,7 @@
 This is not a Fused-Softmax kernel: it is the attention a user would otherwise run on Hopper, exposed
 through the same backend contract so that the policies ``fa3`` and ``fa3-fp8``
 (:mod:`fsattn_diffusers.integration.policy`) run in ``apply``, ``fsattn sweep`` and ``fsattn e2e`` next to
-ours. Two recipes select the mode:
+ours. Two recipes select the mode, read from their fields (``qk_format``), not their names:
 
 * :data:`FA3_RECIPE` (``"fa3"``): ``flash_attn_func`` on the BF16 operands (exact softmax).
 * :data:`FA3_FP8_RECIPE` (``"fa3-fp8"``): Q, K and V quantized on the device to FP8 E4M3 with one FP32
@@ -21,6 +21,7 @@ scale per tensor rather than per (batch, head).
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 import sys
 from typing import Optional
@@ -36,8 +37,11 @@ from .registry import Backend, register_backend
 E4M3_MAX = E4M3.max_value
 FA3_RECIPE = PRESETS["bf16"].replace(name="fa3")
 FA3_FP8_RECIPE = Recipe(name="fa3-fp8", qk_format="fp8", p_format="bf16", v_format="fp8_tensor")
-#: The recipe names this backend runs (anything else is refused with a reason).
+#: The recipes this backend runs, by name (for messages and the policies); a recipe runs here when it equals one of
+#: them in every field but its name (anything else is refused with a reason).
 FA3_RECIPES = {FA3_RECIPE.name: FA3_RECIPE, FA3_FP8_RECIPE.name: FA3_FP8_RECIPE}
+_FIELDS = tuple(f.name for f in dataclasses.fields(Recipe) if f.name != "name")
+_TAKEN = {tuple(getattr(r, f) for f in _FIELDS) for r in FA3_RECIPES.values()}
 #: Python module of the PyPI package ``fa3-fwd`` (FlashAttention-3, forward only).
 FA3_MODULE = "fa3_fwd_interface"
 INSTALL_HINT = "pip install fa3-fwd einops"
@@ -77,7 +81,7 @@ def _available(device):
 
 
 def _unsupported(q, k, v, recipe, *, kv_lens, return_lse):
-    if recipe.name not in FA3_RECIPES or recipe != FA3_RECIPES[recipe.name]:
+    if tuple(getattr(recipe, f) for f in _FIELDS) not in _TAKEN:
         return f"recipe {recipe.name!r} is not an FA3 baseline; accepted: {', '.join(FA3_RECIPES)}"
     if q.dtype != torch.bfloat16:
         return f"dtype {q.dtype} (the fa3-fwd build runs bfloat16 and FP8 inputs)"
@@ -117,7 +121,7 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     b, s_q, h, d = qs.shape
     s_k = ks.shape[1]
     extra = {}
-    if recipe.name == FA3_FP8_RECIPE.name:
+    if recipe.qk_format == FA3_FP8_RECIPE.qk_format:  # FP8 E4M3 operands, one scale per (batch, head)
         valid = valid_prefix(kv_lens, s_k, ks.device)
         qs, extra["q_descale"] = fp8_per_head(qs)
         ks, extra["k_descale"] = fp8_per_head(ks, valid)
@@ -145,4 +149,4 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     return out, lse, stats
 
 
-register_backend(Backend("fa3", _run, _available, _unsupported))
+register_backend(Backend("fa3", _run, _available, _unsupported, computes="fa3"))

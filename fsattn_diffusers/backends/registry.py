@@ -1,4 +1,5 @@
-"""The backend table: what a backend is, registering one, and one-time warnings (see :mod:`..backends`)."""
+"""The backend table: what a backend is and registering one (see :mod:`..backends`); one-time warnings come from
+:func:`fsattn_diffusers.notices.warn_once`."""
 
 from __future__ import annotations
 
@@ -6,6 +7,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Dict, List, Optional
 
 import torch
+
+from ..notices import _WARNED, warn_once  # noqa: F401 (re-exported: the backends and integration use it)
 
 
 @dataclass
@@ -22,6 +25,9 @@ class Backend:
     #: ``fn`` and ``unsupported`` also take ``q_lens`` (int64 (B,) or None): the valid queries that Q smoothing's mean
     #: and switch count. A call with ``q_lens`` and a Q-smoothing recipe runs only on backends that take it.
     takes_q_lens: bool = False
+    #: The numerics this backend computes whatever ``Recipe.numerics`` says (the Hopper kernels: ``"sm90"``; AITER's
+    #: kernels: ``"mi355x"``; FlashAttention-3: ``"fa3"``); None: the recipe's own ``numerics`` (the emulator).
+    computes: Optional[str] = None
     #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
     #: ``torch.compile`` traces (the probes themselves import modules and query the device).
     _seen: Dict[tuple, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
@@ -36,7 +42,6 @@ class Backend:
 _REGISTRY: Dict[str, Backend] = {}
 #: Order tried by ``backend="auto"``; the emulator runs everywhere and closes the list.
 AUTO_ORDER: List[str] = ["triton", "aiter", "emulator"]
-_WARNED: set = set()
 
 
 def register_backend(backend: Backend) -> None:
@@ -47,14 +52,3 @@ def register_backend(backend: Backend) -> None:
 def unregister_backend(name: str) -> None:
     """Remove a backend added with :func:`register_backend` (no error when absent)."""
     _REGISTRY.pop(name, None)
-
-
-def warn_once(key: str, message: str) -> None:
-    """Emit ``message`` once per process for ``key``, as an :class:`~fsattn_diffusers.notices.FSAttnWarning`
-    (a RuntimeWarning) attributed to the user's code, not to an fsattn source line; not while ``torch.compile``
-    traces (a warning would break the graph; the eager calls of the same run emit it)."""
-    if key not in _WARNED and not torch.compiler.is_compiling():
-        _WARNED.add(key)
-        from ..notices import warn
-
-        warn(message)

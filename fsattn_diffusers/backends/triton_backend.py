@@ -38,4 +38,5 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_no
 
 
 # The pre-pass reads every element of q, k, v (keys before kv_lens) and flags the non-finite slices itself.
-register_backend(Backend("triton", _run, _available, _unsupported, detects_nonfinite=True, takes_q_lens=True))
+register_backend(Backend("triton", _run, _available, _unsupported, detects_nonfinite=True, takes_q_lens=True,
+                         computes="sm90"))

@@ -15,6 +15,7 @@ from ..emulator import emulate_attention
 from ..exponent import SCHRAUDOLPH_EPS
 from ..recipe import PAPER_SUFFIX, PRESETS, Recipe
 from ..testing import error_and_cosine
+from .provenance import recipe_record
 
 # Paper Table 8: proxy -> (mantissa bits M, exponent bits E, min %, max %, RMS %, added RMS %).
 PAPER_TABLE8 = {
@@ -100,7 +101,8 @@ def table4(shape: Sequence[int] = (1, 24, 32768, 128), seeds: int = 10, device: 
 
     Returns
     -------
-    list of dict: ``row``, ``column``, ``ours`` {err_pct, cos}, ``paper`` {err_pct, cos}, ``seconds``.
+    list of dict: ``row``, ``column``, ``ours`` {err_pct, cos}, ``paper`` {err_pct, cos}, ``seconds``, ``recipe``
+    (every field of the cell's recipe) and ``computed_numerics`` (the emulator computes the recipe's own).
     """
     b, h, s, d = shape
     acc = {(r, c): [0.0, 0.0, 0.0] for r in rows for c in columns}
@@ -127,5 +129,6 @@ def table4(shape: Sequence[int] = (1, 24, 32768, 128), seeds: int = 10, device: 
     for (r, c), (err, cos, secs) in acc.items():
         perr, pcos = PAPER_TABLE4[r][c]
         result.append({"row": r, "column": c, "ours": {"err_pct": err * 100, "cos": cos},
-                       "paper": {"err_pct": perr, "cos": pcos}, "seconds": secs})
+                       "paper": {"err_pct": perr, "cos": pcos}, "seconds": secs,
+                       **recipe_record(table4_recipe(r, c), "emulator")})
     return result

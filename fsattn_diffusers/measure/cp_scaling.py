@@ -50,6 +50,7 @@ from . import e2e
 from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _fmt, _log, _versions,
                                 run_meta, to_markdown)
 from .parallel_check import RELATIVE_TOLERANCE, gloo_loopback, _parallel_config, _wire_context_parallel
+from .provenance import policy_record
 
 #: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
 NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
@@ -192,7 +193,8 @@ def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup:
     tiles = max(1, timer.stats["tiles"])
     result = {"policy": policy, "step_seconds": secs, "step_median_s": sorted(secs)[len(secs) // 2],
               "first_forward_s": first, "attention_s_per_step": attn / steps, "attention_share": attn / sum(secs),
-              "rollback_rate": None if (stock or parallel) else timer.stats["rollback_tiles"] / tiles}
+              "rollback_rate": None if (stock or parallel) else timer.stats["rollback_tiles"] / tiles,
+              **policy_record(policy)}
     return result, out
 
 

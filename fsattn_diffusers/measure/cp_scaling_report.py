@@ -6,7 +6,6 @@ from __future__ import annotations
 import json
 import os
 import platform
-import subprocess
 import time
 from typing import Dict, List, Optional
 
@@ -14,6 +13,7 @@ import torch
 
 from . import e2e
 from .parallel_check import RELATIVE_TOLERANCE
+from .provenance import commit, recipes_markdown
 
 #: Timestep of the one transformer call whose output is compared.
 MATCH_TIMESTEP = 500.0
@@ -91,7 +91,7 @@ def to_markdown(doc: dict) -> str:
              f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
              "err(bf16, N GPUs vs 1 GPU) of the same mode).",
              f"- Status: {doc['status']}.", ""]
-    return "\n".join(lines + table_lines(doc))
+    return "\n".join(lines + table_lines(doc) + recipes_markdown(doc["runs"]))
 
 
 def table_lines(doc: dict) -> List[str]:
@@ -148,13 +148,8 @@ def _versions() -> dict:
         tv = triton.__version__
     except Exception:  # noqa: BLE001 - CPU-only installs
         tv = "none"
-    try:
-        commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
-                                cwd=os.path.dirname(os.path.abspath(__file__)), timeout=10).stdout.strip() or "?"
-    except Exception:  # noqa: BLE001
-        commit = "?"
     return {"torch": torch.__version__, "triton": tv, "diffusers": diffusers.__version__,
-            "python": platform.python_version(), "commit": commit}
+            "python": platform.python_version(), "commit": commit() or "?"}
 
 
 # ------------------------------------------------------------------------------------------------ workers

@@ -18,6 +18,8 @@ from unittest import mock
 
 import torch
 
+from .provenance import policy_record
+
 # Wan2.2-T2V-A14B (one expert): 40 layers, 40 heads of 128, model dim 5120, FFN 13824 (diffusers config).
 WAN22_A14B = dict(patch_size=(1, 2, 2), num_attention_heads=40, attention_head_dim=128, in_channels=16,
                   out_channels=16, text_dim=4096, freq_dim=256, ffn_dim=13824, num_layers=40,
@@ -256,7 +258,8 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
     return {"policy": policy, "step_seconds": secs, "step_median_s": step, "attention_s_per_step": attn,
             "instrumented_step_s": inst[0], "attention_share": attn / inst[0] if instrument else None,
             "rollbacks": timer.stats["rollbacks"] if gated else None,
-            "rollback_rate": timer.stats["rollback_tiles"] / tiles if gated else None, "compile": compile_info}
+            "rollback_rate": timer.stats["rollback_tiles"] / tiles if gated else None, "compile": compile_info,
+            **policy_record(policy)}
 
 
 def run_schedule(model, inputs, spec: ModelSpec, policy: str = "hybrid", steps: int = PAPER_STEPS, warmup: int = 1,
@@ -295,7 +298,7 @@ def run_schedule(model, inputs, spec: ModelSpec, policy: str = "hybrid", steps: 
     ran = [sorted({r.recipe for r in records if r.step == i}) for i in range(steps)]
     return {"policy": policy, "steps": steps, "plan": plan, "ran": ran,
             "fallback_calls": sum(r.recipe != r.planned for r in records), "step_seconds": secs,
-            "total_s": sum(secs), "step_mean_s": sum(secs) / steps}
+            "total_s": sum(secs), "step_mean_s": sum(secs) / steps, **policy_record(policy, steps)}
 
 
 def _is_self_attention(name: str, spec: ModelSpec) -> bool:

@@ -10,6 +10,7 @@ from __future__ import annotations
 from typing import Dict, List, Optional
 
 from .e2e import BASELINES, PAPER_STEPS
+from .provenance import recipes_markdown
 
 BASELINE_LABELS = {"bf16": "SDPA bf16", "fa3": "FA3 bf16", "fa3-fp8": "FA3 fp8"}
 
@@ -62,7 +63,8 @@ def markdown(doc: dict) -> str:
         g = meta["gemm_layers"]
         lines.append(f"FP8 GEMMs: {g['quantized']} of {g['linear_total']} linear layers quantized (the repeated "
                      f"blocks').")
-    return "\n".join(lines) + "\n"
+    runs = list(doc.get("results", {}).values()) + list((doc.get("schedules") or {}).values())
+    return "\n".join(lines + recipes_markdown(runs)) + "\n"
 
 
 def text_table(summary: Dict[str, dict]) -> str:

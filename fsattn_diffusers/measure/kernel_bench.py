@@ -11,12 +11,12 @@ runs); both are also timed apart (``prepass_ms``: pre-pass or quantization, ``ke
 
 from __future__ import annotations
 
-import datetime
 import math
-import platform
 import statistics
 import sys
 from typing import Callable, Dict, List
+
+from . import provenance
 
 #: Named shapes (B, H, S, D): paper Table 5; Wan2.1-1.3B 480p; Wan2.2-A14B 720p; HunyuanVideo 720p 129f.
 SHAPES = {
@@ -180,9 +180,8 @@ def paired_median(values: List[float]) -> float:
     """The time one method reports from its :func:`interleaved_samples`: the median, over the (forward, reverse)
     round pairs, of the pair's mean; one round's value as it is.
 
-    A method's time depends on what ran just before it (on the H200 SDPA cuDNN took 21.9 ms after itself and 23.3 ms
-    after our FP8 kernels, 2026-12-03, likely the GPU's clock and power state carrying over), and its place in the
-    round alternates between the two orders. Averaging within a pair gives every method each place once; a plain
+    A method's time depends on what ran just before it (likely the GPU's clock and power state carrying over;
+    benchmarks/NOTES.md §13), and its place in the round alternates between the two orders. Averaging within a pair gives every method each place once; a plain
     median of an odd number of rounds would keep the majority order's place.
     """
     if len(values) == 1:
@@ -203,6 +202,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     import torch
 
     from .. import attention
+    from ..backends import LAST_RAN
     from ..kernels.ops import attention_from_operands, prepass
     from ..kernels.plan import plan_for
     from ..quality.analysis import sample_rows
@@ -222,7 +222,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         out = out[0] if isinstance(out, tuple) else out
         err, cos = accuracy(out[:, :, rows.cuda()], ref)
         del out
-        methods[name] = (fn, parts, {"rel_err": err, "cos": cos, **(extra or {})})
+        methods[name] = (fn, parts, {"rel_err": err, "cos": cos, **(extra or provenance.baseline_record())})
 
     fa3 = fa3_fns(q, k, v, scale) if {"fa3", "fa3-fp8"} & set(baselines) else None
     for name in baselines:
@@ -268,7 +268,8 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         del one
         _, stats = attention(qq, kk, vv, recipe, return_stats=True, **lay_args)
         checked(rname, full, parts, {"rollback_rate": stats["rollback_rate"], "peak_extra_bytes": peak_extra,
-                                     "qkv_bf16_bytes": int(2 * b * h * (s_q + 2 * s_k) * d)})
+                                     "qkv_bf16_bytes": int(2 * b * h * (s_q + 2 * s_k) * d),
+                                     **provenance.recipe_record(recipe, LAST_RAN.get(recipe.name, "triton"))})
     samples = interleaved_samples(
         {name: {"ms": (lambda fn=fn: timed(fn, warmup, rep)),
                 **{part: (lambda f=f: timed(f, warmup, rep)) for part, f in parts.items()}}
@@ -293,19 +294,12 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
 
 
 def environment() -> Dict:
+    """The file's header (:func:`~fsattn_diffusers.measure.provenance.header`: device, versions, date, commit,
+    command) with the GPU's capability and cuDNN version."""
     import torch
 
-    env = {"date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
-           "python": platform.python_version(), "torch": torch.__version__, "cuda": torch.version.cuda,
-           "command": " ".join(["fsattn"] + sys.argv[1:]) if sys.argv else "fsattn bench"}
-    try:
-        import triton
-
-        env["triton"] = triton.__version__
-    except ImportError:
-        env["triton"] = None
+    env = provenance.header(" ".join(["fsattn"] + sys.argv[1:]) if sys.argv else "fsattn bench")
     if torch.cuda.is_available():
-        env["device"] = torch.cuda.get_device_name()
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
         env["cudnn"] = torch.backends.cudnn.version()
     return env
@@ -326,7 +320,7 @@ def _rounds_text(rounds: int) -> str:
 def markdown(env: Dict, results: List[Dict]) -> str:
     """The results as a markdown report: environment lines, then one table row per method and shape."""
     lines = [f"# fsattn bench — {env.get('device', '?')}", "",
-             f"- date: {env['date']}", f"- command: `{env['command']}`",
+             f"- date: {env['date']}", f"- commit: {env.get('commit')}", f"- command: `{env['command']}`",
              f"- torch {env['torch']} (CUDA {env['cuda']}, cuDNN {env.get('cudnn')}), triton {env['triton']}, "
              f"python {env['python']}", f"- kernel variant: {env.get('kernel_variant', 'triton')}",
              f"- timing: `do_bench` median per method and part, {_rounds_text(env.get('rounds', 1))}",
@@ -351,4 +345,4 @@ def markdown(env: Dict, results: List[Dict]) -> str:
                      f"| {r['rel_err']:.4f} | {r['cos']:.5f} "
                      f"| {r.get('prepass_ms', float('nan')):.3f} | {r.get('kernel_ms', float('nan')):.3f} "
                      f"| {'-' if rb is None else f'{rb:.4f}'} |".replace("nan", "-"))
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + provenance.recipes_markdown(results)) + "\n"

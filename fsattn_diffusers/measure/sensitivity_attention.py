@@ -23,6 +23,7 @@ from typing import Dict, List, Optional, Sequence
 import torch
 
 from ..quality.diagnostics import FIELDS
+from .provenance import commit
 
 ATTENTION_BACKEND = "fsattn-sensitivity-attention"
 MODEL_SIZES = ("wan22", "tiny")
@@ -140,6 +141,7 @@ def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", fr
 
     labels = [iv.label for iv in ivs]
     meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "argv": sys.argv,
+            "command": "fsattn " + " ".join(sys.argv[1:]), "commit": commit(),
             "device": torch.cuda.get_device_name(dev) if dev.type == "cuda" else "cpu",
             "versions": {"python": platform.python_version(), "torch": torch.__version__,
                          "diffusers": diffusers.__version__},

@@ -5,6 +5,7 @@ from __future__ import annotations
 from typing import Dict, List
 
 from .structured_inputs import DESCRIPTIONS
+from .provenance import recipes_markdown
 from .structured_suite import summarize_checks
 
 CHECK_KEYS = ("vs_fa3", "vs_gaussian", "finite", "inputs", "ran")
@@ -97,4 +98,7 @@ def markdown(payload: Dict) -> str:
                      if case["columns"][c].get("error")})
     if errors:
         lines += [""] + [f"- {e}" for e in errors]
+    numerics = result.get("computed_numerics", {})
+    lines += recipes_markdown({"recipe": result.get("recipes", {}).get(c), "computed_numerics": numerics.get(c)}
+                              for c in cols)
     return "\n".join(lines) + "\n"

@@ -20,6 +20,7 @@ whether the call left its inputs unchanged (compared with a copy taken before th
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 import warnings
@@ -182,7 +183,9 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     Returns
     -------
     dict with ``cases`` (list of {family, dtype, head_dim, columns: {name: {err, cos, nonfinite,
-    inputs_unchanged, ...}}}), ``columns`` (names in order), ``recipe_formats`` ({recipe column: MX
+    inputs_unchanged, ...}}}), ``columns`` (names in order), ``recipes`` (every field of each fsattn column's
+    recipe), ``computed_numerics`` ({column: what its backend computed, ``"baseline"`` for FA3/SageAttention}),
+    ``recipe_formats`` ({recipe column: MX
     format}), ``notes`` (absent columns, fallbacks), ``exact`` (how the reference was computed) and
     ``seconds``.
     """
@@ -209,6 +212,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
 
     columns: Dict[str, Tuple[Callable, bool]] = {}
     formats: Dict[str, str] = {}
+    ours: Dict[str, Recipe] = {r.name: r for r in recipe_objs}  # the fsattn columns' recipes
     for r in recipe_objs:
         columns[r.name] = ((lambda q, k, v, sc, r=r: fsa.attention(q, k, v, r, layout="bhsd", scale=sc,
                                                                    backend=backend)),
@@ -222,6 +226,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
             if not r.is_quantized or any(conv == c.replace(name=conv.name) for c in seen):
                 continue  # the same operands as an earlier column
             seen.append(conv)
+            ours[conv.name] = conv
             columns[conv.name] = ((lambda q, k, v, sc, c=conv: fsa.attention(
                 q, k, v, c, layout="bhsd", scale=sc, backend="emulator")),
                 _rows_per_row_exact(conv, "emulator", dev))
@@ -242,7 +247,8 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
                         all_notes.append(f"{name}: {w}")
         return {"cases": list(cases), "columns": list(columns), "recipe_formats": formats, "notes": all_notes,
                 "exact": exact, "seconds": time.perf_counter() - t_start,
-                "recipes": {r.name: _recipe_dict(r) for r in recipe_objs}}
+                "recipes": {name: dataclasses.asdict(r) for name, r in ours.items()},
+                "computed_numerics": {name: _computed(ours.get(name)) for name in columns}}
 
     cases: List[Dict] = []
     for dt in dtypes:
@@ -272,10 +278,16 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     return assemble(cases)
 
 
-def _recipe_dict(r: Recipe) -> Dict:
-    import dataclasses
+def _computed(recipe: Optional[Recipe]) -> Optional[str]:
+    """What the backend that ran ``recipe``'s column computes (:data:`provenance.BASELINE` for the external
+    columns; None before the column ran)."""
+    from ..backends import LAST_RAN, computed_numerics
+    from .provenance import BASELINE
 
-    return {f.name: getattr(r, f.name) for f in dataclasses.fields(r)}
+    if recipe is None:
+        return BASELINE
+    ran = LAST_RAN.get(recipe.name)
+    return computed_numerics(ran, recipe) if ran else None
 
 
 def _average(cells: List[Dict]) -> Dict:

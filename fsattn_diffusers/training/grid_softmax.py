@@ -1,13 +1,13 @@
 """A differentiable K-step grid softmax for training with an approximate softmax.
 
-Definitions (seed 002, "What changes when you train"; the training study's K-interval operators)
--------------------------------------------------------------------------------------------------
+Definitions ("How Much Softmax Do You Need in LLMs?", section "What changes when you train": its K-interval operators)
+-----------------------------------------------------------------------------------------------------------------
 Scores ``s_j`` are the natural-log attention logits of one row (already multiplied by the softmax
 scale). A row's grid has ends ``lo <= hi`` and ``K`` *equal* steps
 
     delta = (hi - lo) / K,        grid values  g_k = lo + k * delta,   k = 0 .. K,
 
-i.e. ``K + 1`` exponential grid values ``exp(g_k)``. (This is the seed's step ratio ``R = 1``; the
+i.e. ``K + 1`` exponential grid values ``exp(g_k)``. (This is the study's step ratio ``R = 1``; the
 training study uses uniform steps, so no ratio is offered here.) A score's grid coordinate is
 ``u_j = (s_j - lo) / delta``.
 

@@ -1,0 +1,225 @@
+"""The README's results tables, rendered from the committed result files (``benchmarks/results/*.json``).
+
+``python -m fsattn_diffusers.measure.results_tables`` prints every table; ``--write`` puts each into README.md between
+its markers ``<!-- results:NAME -->`` and ``<!-- /results:NAME -->``. ``tests/test_results.py`` renders them from the
+committed JSON and compares with README.md, so the README cannot drift from the data. Each table ends with its
+provenance line: the file, device, date and commit of every number in it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import sys
+from typing import Callable, Dict, List, Optional, Sequence
+
+#: The repository root (this file is fsattn_diffusers/measure/results_tables.py in a checkout).
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+RESULTS = os.path.join("benchmarks", "results")
+SHAPE_NAMES = {(1, 24, 32768, 128): "paper (1, 24, 32768, 128)", (1, 40, 75600, 128): "Wan2.2-A14B 720p (1, 40, 75600, 128)"}
+
+
+def load(name: str, root: str = ROOT) -> Dict:
+    with open(os.path.join(root, RESULTS, name)) as fh:
+        return json.load(fh)
+
+
+def _meta(doc: Dict) -> Dict:
+    return doc.get("meta") or doc.get("environment") or {}
+
+
+def _source(name: str, doc: Dict) -> str:
+    """``[file](path) (device, date, commit)`` of one result file."""
+    m = _meta(doc)
+    device = m.get("device") or ", ".join(m.get("devices", [])) or "?"
+    if isinstance(m.get("devices"), list) and len(set(m["devices"])) == 1 and len(m["devices"]) > 1:
+        device = f"{len(m['devices'])}x {m['devices'][0]}"
+    return f"[{name}]({RESULTS}/{name}) ({device}, {str(m.get('date', '?'))[:10]}, {m.get('commit') or '?'})"
+
+
+def _provenance(sources: Sequence[str]) -> List[str]:
+    """The table's provenance line: every file its numbers come from, with device, date and commit."""
+    return ["", "Source: " + "; ".join(dict.fromkeys(sources)) + "."]
+
+
+def _table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> List[str]:
+    return ["| " + " | ".join(header) + " |", "| " + " | ".join("---" for _ in header) + " |",
+            *["| " + " | ".join(r) + " |" for r in rows]]
+
+
+def _x(v: Optional[float]) -> str:
+    return f"{v:.3f}x" if v else "-"
+
+
+# ------------------------------------------------------------------------------------------------------ kernel speed
+
+def speed(root: str = ROOT) -> List[str]:
+    """Per shape: the baselines and the default presets' whole call, from bench_h200.json."""
+    name = "bench_h200.json"
+    doc = load(name, root)
+    by_shape: Dict[tuple, Dict[str, Dict]] = {}
+    for r in doc["results"]:
+        by_shape.setdefault(tuple(r["shape"][:3] + r["shape"][4:]), {})[r["method"]] = r
+    rows = []
+    for shape, m in by_shape.items():
+        fp8 = m.get("fa3-fp8", {})
+        for rec in ("mxfp8", "mxfp6", "mxfp4"):
+            r = m.get(rec)
+            if r is None:
+                continue
+            rows.append([SHAPE_NAMES.get(shape, str(shape)), f"**{rec}**", f"{r['ms']:.2f}",
+                         f"{m['sdpa-cudnn']['ms']:.2f}", f"{m['fa3-bf16']['ms']:.2f}",
+                         f"{fp8['ms']:.2f} ({fp8['kernel_ms']:.2f})" if fp8 else "-",
+                         " / ".join(_x(r.get(k)) for k in ("speedup_vs_cudnn", "speedup_vs_best_bf16",
+                                                            "speedup_vs_fa3_fp8", "speedup_vs_fa3_fp8_kernel")),
+                         f"{r['cos']:.5f}"])
+    header = ["shape (B, H, S, D)", "recipe", "ms", "SDPA cuDNN ms", "FA3 bf16 ms", "FA3 FP8 ms (kernel alone)",
+              "vs cuDNN / FA3 bf16 / FA3 FP8 / FA3 FP8 kernel", "cos vs exact"]
+    return _table(header, rows) + _provenance([_source(name, doc)])
+
+
+# ---------------------------------------------------------------------------------------------------------- accuracy
+
+def table4(root: str = ROOT) -> List[str]:
+    name = "table4_h200.json"
+    doc = load(name, root)
+    cols = list(dict.fromkeys(r["column"] for r in doc["rows"]))
+    cells = {(r["row"], r["column"]): r for r in doc["rows"]}
+    rows = []
+    for row in dict.fromkeys(r["row"] for r in doc["rows"]):
+        rows.append([row] + [f"{cells[row, c]['ours']['err_pct']:.3f} ({cells[row, c]['paper']['err_pct']:g})"
+                             for c in cols])
+    return _table(["components"] + [c.upper() for c in cols], rows) + _provenance([_source(name, doc)])
+
+
+STRUCTURED_COLUMNS = ("fa3-fp8", "mxfp8", "conventional-mxfp8", "mxfp6", "mxfp4")
+
+
+def structured(root: str = ROOT, dtype: str = "bfloat16", head_dim: int = 128) -> List[str]:
+    name = "structured_accuracy_h200.json"
+    doc = load(name, root)
+    cols = [c for c in STRUCTURED_COLUMNS if c in doc["result"]["columns"]]
+    rows = []
+    for case in doc["result"]["cases"]:
+        if case["dtype"] != dtype or case["head_dim"] != head_dim:
+            continue
+        rows.append([case["family"]] + [f"{case['columns'][c]['err'] * 100:.2f}" if case["columns"][c].get("err")
+                                        is not None else "-" for c in cols])
+    seeds = _meta(doc).get("seeds")
+    header = [f"family ({dtype.replace('float', 'f')}, D={head_dim}), error % (mean of {seeds} seeds)"] + cols
+    return _table(header, rows) + _provenance([_source(name, doc)])
+
+
+# ------------------------------------------------------------------------------------------------------ end to end
+
+E2E_FILES = (("Wan2.2 720p × 81, BF16 GEMMs, eager", "e2e_wan22_bf16_gemms_h200.json"),
+             ("Wan2.2, FP8 GEMMs, eager", "e2e_wan22_fp8_gemms_h200.json"),
+             ("Wan2.2, BF16 GEMMs, compiled", "e2e_wan22_bf16_gemms_compiled_h200.json"),
+             ("Wan2.2, FP8 GEMMs, compiled", "e2e_wan22_fp8_gemms_compiled_h200.json"),
+             ("HunyuanVideo 720p × 129, 64 of 256 text tokens", "e2e_hunyuan_h200.json"))
+
+
+def end_to_end(root: str = ROOT) -> List[str]:
+    rows, sources = [], []
+    for label, name in E2E_FILES:
+        doc = load(name, root)
+        s = doc["summary"]
+        ours = s["mxfp8"]
+        rows.append([label] + [f"{s[p]['step_s']:.2f}" if p in s else "-" for p in ("bf16", "fa3", "fa3-fp8")]
+                    + [f"**{ours['step_s']:.2f}**"] + [_x(ours["speedup_vs"].get(p)) for p in ("bf16", "fa3", "fa3-fp8")])
+        sources.append(_source(name, doc))
+    header = ["configuration", "SDPA bf16 s/step", "FA3 bf16", "FA3 FP8", "mxfp8", "mxfp8 vs SDPA", "vs FA3 bf16",
+              "vs FA3 FP8"]
+    return _table(header, rows) + _provenance(sources)
+
+
+def hybrid(root: str = ROOT) -> List[str]:
+    name = "e2e_wan22_hybrid_h200.json"
+    doc = load(name, root)
+    s, run = doc["summary"], doc["schedules"]["hybrid"]
+    plan = run["plan"]
+    counts = ", ".join(f"{plan.count(n)} {n}" for n in dict.fromkeys(plan))
+    rows = [["Wan2.2 720p × 81, BF16 GEMMs, eager", f"{s['bf16']['step_s']:.2f}",
+             f"{run['total_s']:.1f} ({counts})", f"{run['step_mean_s']:.2f}", _x(s["hybrid"]["speedup"]),
+             str(run["fallback_calls"])]]
+    header = ["configuration", "SDPA bf16 s/step", f"hybrid, {run['steps']} steps (s)", "hybrid s/step", "speedup",
+              "calls fallen back"]
+    return _table(header, rows) + _provenance([_source(name, doc)])
+
+
+def two_gpus(root: str = ROOT) -> List[str]:
+    rows, sources = [], []
+    for label, name in (("diffusers", "cp_scaling_h200x2.json"), ("xDiT", "xdit_scaling_h200x2.json")):
+        doc = load(name, root)
+        sources.append(_source(name, doc))
+        for setting, text in (("1gpu", "1 GPU"), ("ulysses", "Ulysses=2"), ("ring", "Ring=2")):
+            s = doc["summary"].get(setting)
+            if not s:
+                continue
+            scaling = "-" if s["bf16"].get("scaling") is None else \
+                f"{s['bf16']['scaling']:.2f}x / {s['mxfp8']['scaling']:.2f}x"
+            ok = "-" if setting == "1gpu" else ("yes" if all((s[p].get("match") or {}).get("ok")
+                                                             for p in s if p not in ("bf16", "hybrid")) else "no")
+            rows.append([label, text, f"{s['bf16']['step_s']:.2f}",
+                         f"{s['mxfp8']['step_s']:.2f} ({s['mxfp8']['speedup']:.2f}x)",
+                         f"{s['hybrid']['speedup']:.2f}x" if "hybrid" in s else "-", scaling, ok])
+    header = ["framework", "setting", "bf16 s/step", "mxfp8 s/step (speedup)", "hybrid (projected)",
+              "scaling bf16 / mxfp8", "quantized outputs match 1 GPU"]
+    return _table(header, rows) + _provenance(sources)
+
+
+#: README marker name -> renderer.
+TABLES: Dict[str, Callable[..., List[str]]] = {"speed": speed, "table4": table4, "structured": structured, "end_to_end": end_to_end,
+                                              "hybrid": hybrid, "two_gpus": two_gpus}
+
+
+def render(name: str, root: str = ROOT) -> str:
+    return "\n".join(TABLES[name](root)) + "\n"
+
+
+def _pattern(name: str) -> "re.Pattern":
+    return re.compile(rf"(<!-- results:{name} -->\n)(.*?)(<!-- /results:{name} -->)", re.S)
+
+
+def readme_tables(text: str) -> Dict[str, str]:
+    """The text between each pair of markers in ``text`` (README.md)."""
+    return {name: m.group(2) for name in TABLES if (m := _pattern(name).search(text))}
+
+
+def write_readme(path: str, root: str = ROOT) -> List[str]:
+    """Replace every marked table of ``path``; return the names that changed."""
+    with open(path) as fh:
+        text = fh.read()
+    changed = []
+    for name in TABLES:
+        new = render(name, root)
+        m = _pattern(name).search(text)
+        if m is None:
+            raise SystemExit(f"{path}: no markers <!-- results:{name} --> ... <!-- /results:{name} -->")
+        if m.group(2) != new:
+            changed.append(name)
+            text = text[:m.start(2)] + new + text[m.end(2):]
+    with open(path, "w") as fh:
+        fh.write(text)
+    return changed
+
+
+def main(argv: Optional[Sequence[str]] = None) -> int:
+    ap = argparse.ArgumentParser(prog="python -m fsattn_diffusers.measure.results_tables", description=__doc__,
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--write", action="store_true", help="update README.md's marked tables in place")
+    ap.add_argument("--root", default=ROOT, help="repository root (default: this checkout)")
+    args = ap.parse_args(argv)
+    if args.write:
+        changed = write_readme(os.path.join(args.root, "README.md"), args.root)
+        print(f"README.md: {', '.join(changed) if changed else 'no table'} changed")
+        return 0
+    for name in TABLES:
+        sys.stdout.write(f"<!-- results:{name} -->\n{render(name, args.root)}<!-- /results:{name} -->\n\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

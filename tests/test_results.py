@@ -1,0 +1,86 @@
+"""The committed result files: every row records the recipe and the numerics computed, and README.md's results
+tables are what ``fsattn_diffusers.measure.results_tables`` renders from them."""
+
+import dataclasses
+import glob
+import json
+import os
+
+import pytest
+
+from fsattn_diffusers.measure import provenance, results_tables
+from fsattn_diffusers.recipe import Recipe
+
+ROOT = results_tables.ROOT
+JSONS = sorted(glob.glob(os.path.join(ROOT, results_tables.RESULTS, "**", "*.json"), recursive=True))
+#: Files whose rows are no fsattn recipe's (softmax interventions on stock attention): nothing to record.
+NO_RECIPE_ROWS = {"sensitivity_attention_wan22_h200.json", "sensitivity_tiny_cpu.json"}
+RECIPE_FIELDS = {f.name for f in dataclasses.fields(Recipe)}
+#: Fields every recipe had since the first result file; a recipe resolved from older code carries at least these.
+CORE_FIELDS = {"name", "qk_format", "p_format", "v_format", "exponential", "proxy", "frozen_max", "rollback",
+               "rowsum_gemm", "hadamard", "numerics"}
+COMPUTED = {"sm90", "mi355x", "fa3"}
+
+
+def _recipes(row):
+    """The recipe dicts of a row with their computed numerics (a step schedule records one per recipe)."""
+    recipe, numerics = row["recipe"], row["computed_numerics"]
+    if recipe is not None and "name" not in recipe:
+        return [(recipe[name], numerics[name]) for name in recipe]
+    return [(recipe, numerics)]
+
+
+def test_results_folder_has_json_files():
+    assert len(JSONS) >= 10
+
+
+@pytest.mark.parametrize("path", JSONS, ids=os.path.basename)
+def test_every_row_carries_a_full_recipe_and_the_numerics_computed(path):
+    with open(path) as fh:
+        doc = json.load(fh)
+    rows = list(provenance.result_rows(doc))
+    if os.path.basename(path) in NO_RECIPE_ROWS:
+        assert not rows
+        return
+    assert rows, f"{path}: no rows found"
+    for where, row in rows:
+        assert "recipe" in row and "computed_numerics" in row, f"{path} {where}: no recipe / computed_numerics"
+        required = CORE_FIELDS if "recipe_source" in row else RECIPE_FIELDS
+        for recipe, numerics in _recipes(row):
+            if recipe is None:
+                assert isinstance(numerics, str) and numerics, f"{path} {where}: a row without a recipe names what ran"
+                continue
+            missing = required - set(recipe)
+            assert not missing, f"{path} {where}: recipe {recipe.get('name')!r} lacks {sorted(missing)}"
+            assert numerics in COMPUTED, f"{path} {where}: computed_numerics {numerics!r}"
+
+
+@pytest.mark.parametrize("path", JSONS, ids=os.path.basename)
+def test_every_result_file_names_device_date_commit_and_command(path):
+    with open(path) as fh:
+        meta = results_tables._meta(json.load(fh))
+    assert meta.get("date"), f"{path}: no date"
+    assert meta.get("commit"), f"{path}: no commit"
+    assert meta.get("device") or meta.get("devices"), f"{path}: no device"
+    assert meta.get("command") or meta.get("argv"), f"{path}: no command"
+
+
+def test_readme_tables_are_rendered_from_the_committed_json():
+    with open(os.path.join(ROOT, "README.md")) as fh:
+        found = results_tables.readme_tables(fh.read())
+    assert set(found) == set(results_tables.TABLES), "README.md lacks the markers of some results tables"
+    for name in results_tables.TABLES:
+        assert found[name] == results_tables.render(name), (
+            f"README.md's {name!r} table differs from the committed JSON: run "
+            "`python -m fsattn_diffusers.measure.results_tables --write`")
+
+
+def test_recipe_record_is_every_field_and_what_the_backend_computes():
+    rec = provenance.recipe_record("mxfp8", "triton")
+    assert set(rec["recipe"]) == RECIPE_FIELDS and rec["recipe"]["numerics"] == "mi355x"
+    assert rec["computed_numerics"] == "sm90"  # the Hopper kernels compute the sm90 variant whatever the recipe says
+    assert provenance.recipe_record("mxfp8", "emulator")["computed_numerics"] == "mi355x"
+    assert provenance.recipe_record("mxfp8+numerics=sm90", "emulator")["computed_numerics"] == "sm90"
+    assert provenance.policy_record("bf16") == provenance.baseline_record()
+    hybrid = provenance.policy_record("hybrid")
+    assert set(hybrid["recipe"]) == {"mxfp6", "mxfp4"}
