@@ -275,3 +275,37 @@ def fake_quantize_pow2_rows(x: torch.Tensor, fmt: ElemFormat, rule: str, *, grou
     the key-tile width. ``x``: float32 (..., rows, cols); groups run along the last axis.
     """
     return fake_quantize_mx(x, fmt, axis=-1, rule=rule, block=group)
+
+
+#: Largest INT8 code of the symmetric INT8 format (codes -127..127; -128 is not used, so negation is exact).
+INT8_MAX = 127
+
+
+def fake_quantize_int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> torch.Tensor:
+    """Symmetric INT8 with one float32 scale ``amax / 127`` per group of ``rows_per_scale`` consecutive rows.
+
+    Parameters
+    ----------
+    x : Tensor (..., S, D), float
+        Rows are tokens, columns the head dimension; a group is ``rows_per_scale`` tokens (the last one may be
+        shorter).
+    rows_per_scale : int
+        1 gives one scale per token; the key tile's width gives one per key tile.
+
+    Returns
+    -------
+    Tensor (..., S, D) float32: ``code * scale`` with ``code = rne(x / scale)`` in [-127, 127]. A group of zeros
+    stays zero; a NaN makes its group NaN.
+    """
+    if rows_per_scale < 1:
+        raise ValueError(f"rows_per_scale={rows_per_scale!r}; accepted: a positive int")
+    y = x.to(torch.float32)
+    s, d = y.shape[-2], y.shape[-1]
+    pad = (-s) % rows_per_scale
+    yp = torch.nn.functional.pad(y, (0, 0, 0, pad))
+    groups = yp.reshape(*yp.shape[:-2], -1, rows_per_scale * d)
+    amax = groups.abs().amax(dim=-1, keepdim=True)
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / INT8_MAX)  # NaN amax: a NaN scale
+    codes = torch.clamp(torch.round(groups / scale), -INT8_MAX, INT8_MAX)
+    return (codes * scale).reshape(yp.shape)[..., :s, :]
+

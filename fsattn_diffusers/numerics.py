@@ -56,7 +56,9 @@ class MI355XNumerics:
 
         ``valid``: (B, S_k) bool or None; ``bias``: the exact per-key term (``smoothing.key_bias``) or None."""
         qo, post = prepare_qk(q, self.recipe, scale * LOG2E)
-        ko, _ = prepare_qk(k, self.recipe, 1.0)
+        if self.recipe.qk_format == "int8" and valid is not None:  # padded keys must not move a key tile's scale
+            k = torch.where(valid[:, None, :, None], k, torch.zeros_like(k))
+        ko, _ = prepare_qk(k, self.recipe, 1.0, rows_per_scale=self.recipe.tile_n)
         vo = prepare_v(v, self.recipe, None if valid is None else valid[:, None, :, None])
         return qo, ko, vo, post, bias, None
 

@@ -12,7 +12,7 @@ from typing import Tuple
 import torch
 
 from .formats import (DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, MX_BLOCK, MX_ELEMENT, fake_quantize_fp8_tensor,
-                      fake_quantize_mx, round_to_bf16)
+                      fake_quantize_int8_rows, fake_quantize_mx, round_to_bf16)
 from .exponent import LOG2E  # noqa: F401 (operands.LOG2E: where Q is pre-scaled)
 from .hadamard import fwht_unnormalized, rotation_signs
 from .recipe import Recipe
@@ -51,12 +51,15 @@ def prequantize_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.
     return round_to_bf16(y * multiplier)
 
 
-def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> Tuple[torch.Tensor, float]:
+def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float, rows_per_scale: int = 1
+               ) -> Tuple[torch.Tensor, float]:
     """Pre-pass of Q (``multiplier = alpha * log2 e``) or K (``multiplier = 1``).
 
     Parameters
     ----------
     x : Tensor (B, H, S, D), any float dtype and strides.
+    rows_per_scale : int
+        ``int8`` only: tokens per INT8 scale (1 for Q; ``recipe.tile_n`` for K, one scale per key tile).
 
     Returns
     -------
@@ -75,6 +78,8 @@ def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> Tuple[torc
             y = rotate(y, recipe) * (1.0 / math.sqrt(x.shape[-1]))
         return y, multiplier
     y = prequantize_qk(x, recipe, multiplier)
+    if fmt == "int8":
+        return fake_quantize_int8_rows(y, rows_per_scale), 1.0
     if fmt == "fp8":
         return fake_quantize_fp8_tensor(y), 1.0
     elem = MX_ELEMENT[fmt]

@@ -24,7 +24,7 @@ ROLLBACK_FLOOR_LIMIT_LOG2 = 64
 TILE_M = 256
 TILE_N = 128
 
-QK_FORMATS = ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4")
+QK_FORMATS = ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4", "int8")
 P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
 V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
 EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
@@ -66,7 +66,10 @@ class Recipe:
         MX formats (E4M3 / E2M3 / E2M1 elements with an E8M0 scale per 32 elements, along the head dim
         for Q/K, along the key axis for V and P). ``fp8_row`` is P in FP8 E4M3 with a power-of-two scale
         per row and key tile; ``fp8_tensor`` is V in FP8 E4M3 with one FP32 scale per tensor; ``fp8``
-        is Q/K in FP8 E4M3 with one FP32 scale per tensor. ``bf16``/``fp32`` round to those types.
+        is Q/K in FP8 E4M3 with one FP32 scale per tensor. ``int8`` is Q/K in symmetric INT8 (codes -127..127)
+        after the rotation and Q's pre-scale, one FP32 scale ``amax / 127`` per query and per key tile of ``tile_n``
+        keys (``formats.fake_quantize_int8_rows``): INT8 products sum exactly in int32, and both scales fold into a
+        per-row factor per key tile. ``bf16``/``fp32`` round to those types.
     exponential : str
         ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
         ``rowmax_h15`` (seed 002: two levels per octave, {1, 1.5}·2^n, anchored at the row max).
@@ -262,6 +265,8 @@ PRESETS = {
     **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST, **ROBUST_P[ops["p_format"]])
        for name, ops in _OPERANDS.items()},
     **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
+    # The accurate tier: INT8 Q/K, Stage-A's BF16 proxy itself as P (no Stage-B), BF16 V; emulator only for now.
+    "int8-bf16": Recipe(name="int8-bf16", qk_format="int8", p_format="bf16", v_format="bf16", **_FUSED, **ROBUST),
 }
 
 

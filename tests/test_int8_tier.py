@@ -1,0 +1,86 @@
+"""The accurate tier's numerics (``int8-bf16``): INT8 Q/K with one scale per query and per key tile, Stage-A's BF16
+proxy as P, BF16 V; the emulator is its reference (no Hopper kernel runs it yet)."""
+
+import pytest
+import torch
+
+import fsattn_diffusers as fa
+from fsattn_diffusers.emulator import emulate_attention
+from fsattn_diffusers.formats import INT8_MAX, fake_quantize_int8_rows
+from fsattn_diffusers.kernels.plan import unsupported_reason
+from fsattn_diffusers.measure.structured_inputs import FAMILIES
+from fsattn_diffusers.recipe import PRESETS, get_recipe
+from fsattn_diffusers.testing import exact_attention, relative_error
+
+TIER = "int8-bf16"
+
+
+def test_int8_rows_table():
+    # group 0: amax 127, scale 1 (nearest-even ties); group 1: amax 254, scale 2; group 2 zeros; group 3 a NaN
+    x = torch.tensor([[127.0, -63.5, 0.5, 1.5, 2.5, -127.0],
+                      [254.0, 3.0, 5.0, 1.0, -1.0, 0.0],
+                      [0.0, 0.0, 0.0, 0.0, 0.0, 0.0],
+                      [1.0, float("nan"), 0.0, 0.0, 0.0, 0.0]])
+    got = fake_quantize_int8_rows(x, rows_per_scale=1)
+    want = torch.tensor([[127.0, -64.0, 0.0, 2.0, 2.0, -127.0],
+                         [254.0, 4.0, 4.0, 0.0, -0.0, 0.0],
+                         [0.0] * 6])
+    print(got)
+    assert torch.equal(got[:3], want) and torch.isnan(got[3]).all()
+    assert INT8_MAX == 127
+
+
+def test_int8_groups_of_rows_share_a_scale_and_only_their_own():
+    g = torch.Generator().manual_seed(0)
+    x = torch.randn(1, 1, 300, 64, generator=g)
+    x[0, 0, 5] *= 100.0  # an outlier key in the first group of 128
+    got = fake_quantize_int8_rows(x, rows_per_scale=128)
+    for r0 in (0, 128, 256):  # each group: its own amax / 127, codes on that grid
+        grp, q = x[0, 0, r0:r0 + 128], got[0, 0, r0:r0 + 128]
+        scale = grp.abs().amax() / INT8_MAX
+        codes = q / scale
+        print(r0, float(scale), float((codes - codes.round()).abs().max()))
+        assert torch.allclose(codes, codes.round(), atol=1e-3) and float(codes.abs().max()) <= INT8_MAX + 1e-3
+    assert torch.equal(got[:, :, 128:], fake_quantize_int8_rows(x[:, :, 128:], rows_per_scale=128))
+    with pytest.raises(ValueError, match="rows_per_scale"):
+        fake_quantize_int8_rows(x, rows_per_scale=0)
+
+
+@pytest.mark.parametrize("family", ["gaussian", "sharp", "locality"])
+def test_the_tier_is_more_accurate_than_mxfp8(family):
+    q, k, v = FAMILIES[family](1, 2, 1024, 128, torch.bfloat16, "cpu", 0)
+    scale = 128 ** -0.5
+    ex = exact_attention(q, k, v, scale)[0]
+    e_tier = relative_error(emulate_attention(q, k, v, get_recipe(TIER), scale=scale)[0], ex)
+    e_mxfp8 = relative_error(emulate_attention(q, k, v, get_recipe("mxfp8"), scale=scale)[0], ex)
+    print(f"{family}: {TIER} {e_tier:.4f} mxfp8 {e_mxfp8:.4f}")
+    assert e_tier < 0.6 * e_mxfp8 and e_tier < 0.03
+
+
+def test_padded_keys_do_not_move_a_key_tiles_scale():
+    g = torch.Generator().manual_seed(1)
+    q, k, v = (torch.randn(1, 2, 256, 64, generator=g).to(torch.bfloat16) for _ in range(3))
+    k_bad, v_bad = k.clone(), v.clone()
+    k_bad[:, :, 200:] = 3e4  # garbage past kv_lens, in the second key tile
+    v_bad[:, :, 200:] = 3e4
+    scale = 64 ** -0.5
+    lens = torch.tensor([200])
+    a = emulate_attention(q, k_bad, v_bad, get_recipe(TIER), scale=scale, kv_lens=lens)[0]
+    b = emulate_attention(q, k[:, :, :200], v[:, :, :200], get_recipe(TIER), scale=scale)[0]
+    print(float((a.float() - b.float()).abs().max()))
+    assert torch.equal(a, b)
+
+
+def test_the_tier_runs_through_attention_and_the_kernel_says_why_not():
+    assert "int8" in TIER and PRESETS[TIER].qk_format == "int8" and PRESETS[TIER].p_format == "bf16"
+    reason = unsupported_reason(PRESETS[TIER], 128)
+    print(reason)
+    assert reason is not None and "qk_format 'int8'" in reason
+    g = torch.Generator().manual_seed(2)
+    q, k, v = (torch.randn(1, 2, 130, 64, generator=g) for _ in range(3))
+    input_copy = q.clone()
+    with pytest.warns(Warning):  # no kernel on this machine: the emulator runs it, and says so once
+        out = fa.attention(q, k, v, TIER, layout="bhsd")
+    ex = exact_attention(q, k, v)[0]
+    print(relative_error(out, ex))
+    assert torch.equal(q, input_copy) and relative_error(out, ex) < 0.03
