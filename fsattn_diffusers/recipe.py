@@ -35,16 +35,13 @@ KEY_ORDERS = ("natural", "diagonal")
 #: ``Recipe.frozen_max_offset_log2`` is a multiple of 1 / this: the grid of the Hopper kernel's frozen reference
 #: (``sm90_numerics`` difference 2), which keeps Stage-A's constant ``128 m`` an integer.
 FROZEN_MAX_OFFSET_GRID = 128
-#: The default presets' ``frozen_max_offset_log2`` for MXFP6 P (mxfp6, mxfp4): 3/32 doubling, the best of a sweep over
-#: 0..1/2 (sm90 emulator, ``locality``; benchmarks/NOTES.md).
+#: The default presets' ``frozen_max_offset_log2`` for MXFP6 P (mxfp6, mxfp4): 3/32 doubling, chosen by a sweep over
+#: 0..1/2 (benchmarks/NOTES.md §18, "Measurements behind the default presets' numerics").
 MXFP6_P_FROZEN_MAX_OFFSET_LOG2 = 3 / 32
 #: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default): a (batch, head) slice is smoothed when its
-#: query mean's norm exceeds its queries' rms distance from that mean. The statistic (CPU emulator study,
-#: benchmarks/results/q_smoothing_statistic_cpu.md; structured families at (1, 8, 8192)): ~1/sqrt(S_q) without a shared
-#: Q component (0.01 at 8192 queries), locality 0.2, an attention sink 0.35-0.5, Q offsets 1.8-3.0. At 1 only the
-#: offsets are smoothed, where it halves the error (H200, 4 seeds: offset_uniform_q 10.7% -> 4.7%); locality and the
-#: sink gain <= 0.1 pp from it, not worth the key term's 6-9% kernel time on their slices (0.1 took them until
-#: 2026-12-03).
+#: query mean's norm exceeds its queries' rms distance from that mean. Queries without a shared component give about
+#: ``1 / sqrt(S_q)``; at 1 only slices whose queries share a large offset take the key term. The statistic's values on
+#: the structured families and what the switch costs and gains: benchmarks/NOTES.md §18, "Q smoothing's switch".
 Q_SMOOTHING_MIN_RATIO = 1.0
 
 
@@ -69,7 +66,7 @@ class Recipe:
         is Q/K in FP8 E4M3 with one FP32 scale per tensor. ``bf16``/``fp32`` round to those types.
     exponential : str
         ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
-        ``rowmax_h15`` (seed 002: two levels per octave, {1, 1.5}·2^n, anchored at the row max).
+        ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave, {1, 1.5}·2^n, anchored at the row max).
     proxy : str
         Width of the Schraudolph pattern (Stage-A): ``u32`` read as FP32, ``u16`` read as BF16 (the
         paper's choice), ``u8`` read as FP8 E4M3 (single stage).
@@ -93,7 +90,7 @@ class Recipe:
         (:func:`fsattn_diffusers.numerics.key_tile_order`); in self-attention that is the tile of the query's own
         positions. Where attention is local (video tokens with RoPE) the frozen reference then comes from the row's
         peak instead of a distant tile: fewer rollbacks, and the row's largest weights near 1, where FP8 P rounds
-        them least (``locality``: 6.67% -> 6.40% in the sm90 emulator, NUMERICS.md §7). Exact arithmetic gives the
+        them least (measurements: benchmarks/NOTES.md §18). Exact arithmetic gives the
         same result in either order. Under MXFP6 P's floor scale rule weights just below 1 saturate at 0.9375, so the
         MXFP6-P presets pair it with ``frozen_max_offset_log2``.
     frozen_max_offset_log2 : float
@@ -104,7 +101,7 @@ class Recipe:
         moves is where the weights fall on P's grid. Under MXFP6 P's floor scale rule a block peaking just below 1
         gets the scale 2^-3 and its peak saturates at E2M3's 7.5 (0.9375). The MXFP6-P presets take
         :data:`MXFP6_P_FROZEN_MAX_OFFSET_LOG2` with the diagonal order, chosen by measurement (the gain is not
-        monotonic in the offset; NUMERICS.md §7).
+        monotonic in the offset; benchmarks/NOTES.md §18).
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.
@@ -123,15 +120,16 @@ class Recipe:
         Subtract Q's mean over the queries (per batch, head and channel) before quantizing Q, and add the per-key
         term ``q_mean . k_j`` (float32, from the BF16 inputs) to the scores before the exponential. Exact in real
         arithmetic. The ``sm90`` numerics carry the term as the Hopper kernel's chained wgmma does (E4M3 terms,
-        ``sm90_numerics`` difference 9); on the H200 it costs ~6.5% kernel time on the slices that take it.
+        ``sm90_numerics`` difference 9); its kernel cost on the slices that take it: benchmarks/NOTES.md §18.
     smooth_q_min_ratio : float
         With ``smooth_q``, smooth only the (batch, head) slices whose query mean stands out of the queries' spread:
         ``|q_mean| > ratio * rms_t |q_t - q_mean|`` (:func:`fsattn_diffusers.smoothing.q_smoothing_heads`, float64
         statistics of the BF16 values over all queries). The other slices keep Q as it is and skip the key term
         (their ``q_mean`` is taken as 0). ``0`` smooths every slice. Queries without a shared component give
-        about ``1 / sqrt(S_q)``; the default is :data:`Q_SMOOTHING_MIN_RATIO`. Q smoothing, switched or not, makes a
-        query's output depend on the other queries of its slice (their mean, the switch), so it stays off in the
-        presets: a sequence split across GPUs is smoothed per shard. Padded query rows are left out of the statistics
+        about ``1 / sqrt(S_q)``; the default is :data:`Q_SMOOTHING_MIN_RATIO`. The default presets turn Q smoothing on
+        (:data:`ROBUST`, switched per slice); the ``-paper`` presets leave it off. On a slice it smooths, a query's
+        output depends on the other queries of the slice (their mean, the switch), and a sequence split across GPUs
+        is smoothed per shard (each shard's mean and switch). Padded query rows are left out of the statistics
         when the call gives ``q_lens`` (``attention(..., q_lens=...)``).
     tile_m, tile_n : int
         Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
@@ -232,16 +230,15 @@ class Recipe:
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7): the
 #: signed rotation, K smoothing, and Q smoothing on the slices whose queries share a large offset (the switch
-#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics: kernel time +0.5% / +2.0%
-#: at the paper / Wan2.2 shapes on normal inputs, H200, benchmarks/results/q_smoothing_default_bench_h200.md).
+#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics; its measured cost:
+#: benchmarks/NOTES.md §14, "Accuracy on structured inputs: what each preset addition buys").
 ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks), and visits the key tiles diagonal first (the reference from the row's own
 #: neighbourhood where attention is local). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering; it
 #: takes the diagonal order with the reference raised by 3/32 doubling, which keeps the row's largest weights out of
-#: the floor scale rule's saturation at 0.9375 (``locality``: 7.69% -> 7.14% at D = 128 in the sm90 emulator, every
-#: other family within 0.07 pp; NUMERICS.md §7).
+#: the floor scale rule's saturation at 0.9375 (measurements: benchmarks/NOTES.md §18).
 ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10, key_order="diagonal"),
             "mxfp6": dict(key_order="diagonal", frozen_max_offset_log2=MXFP6_P_FROZEN_MAX_OFFSET_LOG2)}
 #: The suffix of the paper-faithful presets.
