@@ -132,7 +132,9 @@ class Recipe:
         is smoothed per shard (each shard's mean and switch). Padded query rows are left out of the statistics
         when the call gives ``q_lens`` (``attention(..., q_lens=...)``).
     tile_m, tile_n : int
-        Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
+        Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile). The ``sm90``
+        numerics, which the Hopper kernels compute, fix both at 128 (``tile_m`` is honoured by the ``mi355x`` numerics
+        only; a ``tile_n`` other than 128 the Triton backend refuses): NUMERICS.md §6.
     qk_scale_rule, v_scale_rule, p_scale_rule : str or None
         MX shared-exponent rule. ``floor`` is OCP's floor(log2 amax) - emax_elem; ``ceil`` is
         ceil(log2(amax / elem_max)) (torchao RCEIL); ``round_up_175`` is AITER's MXFP8 rule (amax
