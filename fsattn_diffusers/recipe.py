@@ -13,6 +13,7 @@ from dataclasses import dataclass
 from typing import Optional
 
 from .formats import SCALE_RULES
+from .notices import warn_once
 
 # The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
 ROLLBACK_CAP_LOG2 = 32
@@ -66,7 +67,8 @@ class Recipe:
         is Q/K in FP8 E4M3 with one FP32 scale per tensor. ``bf16``/``fp32`` round to those types.
     exponential : str
         ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
-        ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave, {1, 1.5}·2^n, anchored at the row max).
+        ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave,
+        {1, 1.5}·2^n, anchored at the row max).
     proxy : str
         Width of the Schraudolph pattern (Stage-A): ``u32`` read as FP32, ``u16`` read as BF16 (the
         paper's choice), ``u8`` read as FP8 E4M3 (single stage).
@@ -253,11 +255,13 @@ _OPERANDS = {
 
 #: Named presets. ``mxfp8``/``mxfp6``/``mxfp4`` are paper Table 3 with the complete pipeline (Table 4's bold row)
 #: plus :data:`ROBUST`; ``mxfp8-paper``/``mxfp6-paper``/``mxfp4-paper`` are the paper's pipeline alone (what
-#: ``fsattn accuracy --table 4`` reproduces); ``bf16`` is the conventional softmax on BF16 operands; ``exact``
+#: ``fsattn accuracy --table 4`` reproduces); ``bf16-emulated`` is the conventional softmax on BF16 operands, computed
+#: by the emulator (``"bf16"`` names stock attention, as a policy of ``fsattn_diffusers.integration``); ``exact``
 #: keeps FP32 throughout.
+BF16_EMULATED = "bf16-emulated"
 PRESETS = {
     "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
-    "bf16": Recipe(name="bf16", qk_format="bf16", p_format="bf16", v_format="bf16"),
+    BF16_EMULATED: Recipe(name=BF16_EMULATED, qk_format="bf16", p_format="bf16", v_format="bf16"),
     **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST, **ROBUST_P[ops["p_format"]])
        for name, ops in _OPERANDS.items()},
     **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
@@ -287,10 +291,21 @@ def _field_value(field: dataclasses.Field, text: str):
     return low
 
 
+#: Former preset names, accepted with a one-time deprecation notice: old name -> the preset's name now.
+RENAMED_PRESETS = {"bf16": BF16_EMULATED}
+
+
 def parse_recipe_name(text: str) -> Recipe:
     """A preset with changes, written ``"mxfp8+smooth_q"`` or ``"mxfp8+proxy=u32+rollback_cap_log2=24"`` (a bare
-    field name means ``=true``). Unknown presets or fields raise a one-line ValueError."""
+    field name means ``=true``). Unknown presets or fields raise a one-line ValueError; a former name
+    (:data:`RENAMED_PRESETS`) gives its preset with a one-time deprecation notice."""
     base, *changes = [part.strip() for part in text.strip().lower().split("+")]
+    if base in RENAMED_PRESETS:
+        new = RENAMED_PRESETS[base]
+        warn_once(f"renamed preset {base}", f"recipe {base!r} is deprecated: the preset is now {new!r} (the "
+                  f"conventional softmax on BF16 operands, computed by the emulator; \"{base}\" as a policy is stock "
+                  f"attention)")
+        base, text = new, "+".join([new, *changes])
     if base not in PRESETS:
         raise ValueError(f"unknown recipe {text!r}; accepted: {', '.join(PRESETS)}, a Recipe, or a preset with "
                          f"changes such as 'mxfp8+smooth_q'")

@@ -50,3 +50,24 @@ def test_recipe_module_states_what_the_presets_do_and_holds_no_measurements():
     assert "stays off in the presets" not in Recipe.__doc__
     src = inspect.getsource(recipe)
     assert not re.search(r"\d%|results/|20\d\d-\d\d-\d\d|seed 0*2\b", src, re.I)
+
+
+def test_bf16_means_stock_attention_and_the_emulated_preset_has_its_own_name(monkeypatch):
+    """``bf16-emulated`` is the emulator's BF16 recipe; ``"bf16"`` as a policy is stock attention, and as a recipe
+    name it still resolves to ``bf16-emulated`` with one deprecation notice per process."""
+    import warnings
+
+    from fsattn_diffusers import notices
+    from fsattn_diffusers.integration.policy import parse_entry
+    from fsattn_diffusers.recipe import get_recipe
+
+    assert "bf16" not in PRESETS and PRESETS["bf16-emulated"].name == "bf16-emulated"
+    assert parse_entry("bf16") is None  # the policy: stock attention
+    monkeypatch.setattr(notices, "_WARNED", set())
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        assert get_recipe("bf16") is PRESETS["bf16-emulated"]
+        changed = get_recipe("bf16+frozen_max")
+    assert changed.name == "bf16-emulated+frozen_max" and changed.frozen_max
+    msgs = [str(w.message) for w in caught if issubclass(w.category, notices.FSAttnWarning)]
+    assert len(msgs) == 1 and "\n" not in msgs[0] and "'bf16-emulated'" in msgs[0]
