@@ -9,6 +9,7 @@ softmax on BF16 operands (the paper's BF16 reference); ``exact`` keeps every ope
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
@@ -30,9 +31,42 @@ P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
 V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
 EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
 PROXIES = ("u32", "u16", "u8")
-NUMERICS = ("mi355x", "sm90")
+
+
+class Mode(str, enum.Enum):
+    """A mode named by a string. A member is that string: it compares, hashes, formats and prints as its value, so
+    ``Recipe(numerics="sm90").numerics == "sm90"`` and code written against the strings keeps working."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Numerics(Mode):
+    """What the tiled loop computes (``Recipe.numerics``): ``MI355X`` the paper's kernels, ``SM90`` what the Hopper
+    kernels compute (``fsattn_diffusers.sm90_numerics``; NUMERICS.md §6)."""
+
+    MI355X = "mi355x"
+    SM90 = "sm90"
+
+
+class KeyOrder(Mode):
+    """The order in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``)."""
+
+    NATURAL = "natural"
+    DIAGONAL = "diagonal"
+
+
+NUMERICS = tuple(m.value for m in Numerics)
 #: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
-KEY_ORDERS = ("natural", "diagonal")
+KEY_ORDERS = tuple(m.value for m in KeyOrder)
 #: ``Recipe.frozen_max_offset_log2`` is a multiple of 1 / this: the grid of the Hopper kernel's frozen reference
 #: (``sm90_numerics`` difference 2), which keeps Stage-A's constant ``128 m`` an integer.
 FROZEN_MAX_OFFSET_GRID = 128
@@ -157,7 +191,7 @@ class Recipe:
     rollback: bool = True
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
     rollback_floor_log2: Optional[int] = None
-    key_order: str = "natural"
+    key_order: str = KeyOrder.NATURAL
     frozen_max_offset_log2: float = 0.0
     rowsum_gemm: bool = False
     hadamard: bool = False
@@ -170,7 +204,7 @@ class Recipe:
     qk_scale_rule: Optional[str] = None
     v_scale_rule: Optional[str] = None
     p_scale_rule: Optional[str] = None
-    numerics: str = "mi355x"
+    numerics: str = Numerics.MI355X
 
     def __post_init__(self) -> None:
         _check_choice("qk_format", self.qk_format, QK_FORMATS)
@@ -180,6 +214,8 @@ class Recipe:
         _check_choice("proxy", self.proxy, PROXIES)
         _check_choice("numerics", self.numerics, NUMERICS)
         _check_choice("key_order", self.key_order, KEY_ORDERS)
+        object.__setattr__(self, "numerics", Numerics(self.numerics))
+        object.__setattr__(self, "key_order", KeyOrder(self.key_order))
         for field in ("qk_scale_rule", "v_scale_rule", "p_scale_rule"):
             value = getattr(self, field)
             if value is not None:

@@ -71,3 +71,19 @@ def test_bf16_means_stock_attention_and_the_emulated_preset_has_its_own_name(mon
     assert changed.name == "bf16-emulated+frozen_max" and changed.frozen_max
     msgs = [str(w.message) for w in caught if issubclass(w.category, notices.FSAttnWarning)]
     assert len(msgs) == 1 and "\n" not in msgs[0] and "'bf16-emulated'" in msgs[0]
+
+
+def test_modes_are_enums_that_are_their_strings():
+    """``Recipe.numerics`` and ``Recipe.key_order`` hold :class:`~fsattn_diffusers.recipe.Mode` members, which compare,
+    hash, format and serialize as the strings they stand for."""
+    import json
+
+    from fsattn_diffusers.recipe import KeyOrder, Numerics
+
+    r = PRESETS["mxfp8"].replace(numerics="sm90")
+    assert r.numerics is Numerics.SM90 and r.numerics == "sm90" and PRESETS["mxfp8"].key_order is KeyOrder.DIAGONAL
+    assert {"sm90": 1}[r.numerics] == 1 and hash(r) == hash(dataclasses.replace(r, numerics=Numerics.SM90))
+    assert f"{r.numerics}" == str(r.numerics) == "sm90" and "numerics='sm90'" in repr(r)
+    assert json.loads(json.dumps(dataclasses.asdict(r)))["key_order"] == "diagonal"
+    with pytest.raises(ValueError, match="^Recipe.key_order='spiral' is not supported; accepted: natural, diagonal$"):
+        Recipe(key_order="spiral")
