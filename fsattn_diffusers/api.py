@@ -106,8 +106,9 @@ def attention(
     recipe : str or Recipe
         A preset of :data:`~fsattn_diffusers.recipe.PRESETS` (``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``: the paper's
         pipeline with the default additions of NUMERICS.md §7; ``"mxfp8-paper"``, ``"mxfp6-paper"``,
-        ``"mxfp4-paper"``: the paper's pipeline alone; ``"bf16"``: the conventional softmax on BF16 operands, computed
-        by the emulator, not stock attention; ``"exact"``: FP32 throughout), a preset with changes
+        ``"mxfp4-paper"``: the paper's pipeline alone; ``"bf16-emulated"``: the conventional softmax on BF16
+        operands, computed by the emulator, not stock attention (the former name ``"bf16"`` still resolves to it,
+        with a deprecation notice); ``"exact"``: FP32 throughout), a preset with changes
         (``"mxfp8+smooth_q=false"``) or a Recipe.
     scale : float, optional
         Softmax scale alpha; default ``D ** -0.5``.

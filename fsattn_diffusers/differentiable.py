@@ -36,7 +36,7 @@ def supports(recipe: Recipe) -> bool:
 def refusal(recipe: Recipe) -> str:
     """The one-line message of a gradient through a recipe that has no differentiable path."""
     kind = "quantized" if recipe.is_quantized else f"{recipe.exponential}-exponential"
-    return (f"fsattn attention is inference-only for {kind} recipe {recipe.name!r}; use recipe='bf16' or "
+    return (f"fsattn attention is inference-only for {kind} recipe {recipe.name!r}; use recipe='bf16-emulated' or "
             f"'exact' (differentiable) or torch.nn.functional.scaled_dot_product_attention for training")
 
 

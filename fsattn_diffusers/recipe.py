@@ -9,10 +9,12 @@ softmax on BF16 operands (the paper's BF16 reference); ``exact`` keeps every ope
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
 from .formats import SCALE_RULES
+from .notices import warn_once
 
 # The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
 ROLLBACK_CAP_LOG2 = 32
@@ -29,22 +31,52 @@ P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
 V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
 EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
 PROXIES = ("u32", "u16", "u8")
-NUMERICS = ("mi355x", "sm90")
+
+
+class Mode(str, enum.Enum):
+    """A mode named by a string. A member is that string: it compares, hashes, formats and prints as its value, so
+    ``Recipe(numerics="sm90").numerics == "sm90"`` and code written against the strings keeps working."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+
+class Numerics(Mode):
+    """What the tiled loop computes (``Recipe.numerics``): ``MI355X`` the paper's kernels, ``SM90`` what the Hopper
+    kernels compute (``fsattn_diffusers.sm90_numerics``; NUMERICS.md §6)."""
+
+    MI355X = "mi355x"
+    SM90 = "sm90"
+
+
+class KeyOrder(Mode):
+    """The order in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``)."""
+
+    NATURAL = "natural"
+    DIAGONAL = "diagonal"
+
+
+NUMERICS = tuple(m.value for m in Numerics)
 #: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
-KEY_ORDERS = ("natural", "diagonal")
+KEY_ORDERS = tuple(m.value for m in KeyOrder)
 #: ``Recipe.frozen_max_offset_log2`` is a multiple of 1 / this: the grid of the Hopper kernel's frozen reference
 #: (``sm90_numerics`` difference 2), which keeps Stage-A's constant ``128 m`` an integer.
 FROZEN_MAX_OFFSET_GRID = 128
-#: The default presets' ``frozen_max_offset_log2`` for MXFP6 P (mxfp6, mxfp4): 3/32 doubling, the best of a sweep over
-#: 0..1/2 (sm90 emulator, ``locality``; benchmarks/NOTES.md).
+#: The default presets' ``frozen_max_offset_log2`` for MXFP6 P (mxfp6, mxfp4): 3/32 doubling, chosen by a sweep over
+#: 0..1/2 (benchmarks/NOTES.md §18, "Measurements behind the default presets' numerics").
 MXFP6_P_FROZEN_MAX_OFFSET_LOG2 = 3 / 32
 #: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default): a (batch, head) slice is smoothed when its
-#: query mean's norm exceeds its queries' rms distance from that mean. The statistic (CPU emulator study,
-#: benchmarks/results/q_smoothing_statistic_cpu.md; structured families at (1, 8, 8192)): ~1/sqrt(S_q) without a shared
-#: Q component (0.01 at 8192 queries), locality 0.2, an attention sink 0.35-0.5, Q offsets 1.8-3.0. At 1 only the
-#: offsets are smoothed, where it halves the error (H200, 4 seeds: offset_uniform_q 10.7% -> 4.7%); locality and the
-#: sink gain <= 0.1 pp from it, not worth the key term's 6-9% kernel time on their slices (0.1 took them until
-#: 2026-12-03).
+#: query mean's norm exceeds its queries' rms distance from that mean. Queries without a shared component give about
+#: ``1 / sqrt(S_q)``; at 1 only slices whose queries share a large offset take the key term. The statistic's values on
+#: the structured families and what the switch costs and gains: benchmarks/NOTES.md §18, "Q smoothing's switch".
 Q_SMOOTHING_MIN_RATIO = 1.0
 
 
@@ -72,7 +104,8 @@ class Recipe:
         per-row factor per key tile. ``bf16``/``fp32`` round to those types.
     exponential : str
         ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
-        ``rowmax_h15`` (seed 002: two levels per octave, {1, 1.5}·2^n, anchored at the row max).
+        ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave,
+        {1, 1.5}·2^n, anchored at the row max).
     proxy : str
         Width of the Schraudolph pattern (Stage-A): ``u32`` read as FP32, ``u16`` read as BF16 (the
         paper's choice), ``u8`` read as FP8 E4M3 (single stage).
@@ -96,7 +129,7 @@ class Recipe:
         (:func:`fsattn_diffusers.numerics.key_tile_order`); in self-attention that is the tile of the query's own
         positions. Where attention is local (video tokens with RoPE) the frozen reference then comes from the row's
         peak instead of a distant tile: fewer rollbacks, and the row's largest weights near 1, where FP8 P rounds
-        them least (``locality``: 6.67% -> 6.40% in the sm90 emulator, NUMERICS.md §7). Exact arithmetic gives the
+        them least (measurements: benchmarks/NOTES.md §18). Exact arithmetic gives the
         same result in either order. Under MXFP6 P's floor scale rule weights just below 1 saturate at 0.9375, so the
         MXFP6-P presets pair it with ``frozen_max_offset_log2``.
     frozen_max_offset_log2 : float
@@ -107,7 +140,7 @@ class Recipe:
         moves is where the weights fall on P's grid. Under MXFP6 P's floor scale rule a block peaking just below 1
         gets the scale 2^-3 and its peak saturates at E2M3's 7.5 (0.9375). The MXFP6-P presets take
         :data:`MXFP6_P_FROZEN_MAX_OFFSET_LOG2` with the diagonal order, chosen by measurement (the gain is not
-        monotonic in the offset; NUMERICS.md §7).
+        monotonic in the offset; benchmarks/NOTES.md §18).
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.
@@ -126,18 +159,21 @@ class Recipe:
         Subtract Q's mean over the queries (per batch, head and channel) before quantizing Q, and add the per-key
         term ``q_mean . k_j`` (float32, from the BF16 inputs) to the scores before the exponential. Exact in real
         arithmetic. The ``sm90`` numerics carry the term as the Hopper kernel's chained wgmma does (E4M3 terms,
-        ``sm90_numerics`` difference 9); on the H200 it costs ~6.5% kernel time on the slices that take it.
+        ``sm90_numerics`` difference 9); its kernel cost on the slices that take it: benchmarks/NOTES.md §18.
     smooth_q_min_ratio : float
         With ``smooth_q``, smooth only the (batch, head) slices whose query mean stands out of the queries' spread:
         ``|q_mean| > ratio * rms_t |q_t - q_mean|`` (:func:`fsattn_diffusers.smoothing.q_smoothing_heads`, float64
         statistics of the BF16 values over all queries). The other slices keep Q as it is and skip the key term
         (their ``q_mean`` is taken as 0). ``0`` smooths every slice. Queries without a shared component give
-        about ``1 / sqrt(S_q)``; the default is :data:`Q_SMOOTHING_MIN_RATIO`. Q smoothing, switched or not, makes a
-        query's output depend on the other queries of its slice (their mean, the switch), so it stays off in the
-        presets: a sequence split across GPUs is smoothed per shard. Padded query rows are left out of the statistics
+        about ``1 / sqrt(S_q)``; the default is :data:`Q_SMOOTHING_MIN_RATIO`. The default presets turn Q smoothing on
+        (:data:`ROBUST`, switched per slice); the ``-paper`` presets leave it off. On a slice it smooths, a query's
+        output depends on the other queries of the slice (their mean, the switch), and a sequence split across GPUs
+        is smoothed per shard (each shard's mean and switch). Padded query rows are left out of the statistics
         when the call gives ``q_lens`` (``attention(..., q_lens=...)``).
     tile_m, tile_n : int
-        Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile).
+        Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile). The ``sm90``
+        numerics, which the Hopper kernels compute, fix both at 128 (``tile_m`` is honoured by the ``mi355x`` numerics
+        only; a ``tile_n`` other than 128 the Triton backend refuses): NUMERICS.md §6.
     qk_scale_rule, v_scale_rule, p_scale_rule : str or None
         MX shared-exponent rule. ``floor`` is OCP's floor(log2 amax) - emax_elem; ``ceil`` is
         ceil(log2(amax / elem_max)) (torchao RCEIL); ``round_up_175`` is AITER's MXFP8 rule (amax
@@ -158,7 +194,7 @@ class Recipe:
     rollback: bool = True
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
     rollback_floor_log2: Optional[int] = None
-    key_order: str = "natural"
+    key_order: str = KeyOrder.NATURAL
     frozen_max_offset_log2: float = 0.0
     rowsum_gemm: bool = False
     hadamard: bool = False
@@ -171,7 +207,7 @@ class Recipe:
     qk_scale_rule: Optional[str] = None
     v_scale_rule: Optional[str] = None
     p_scale_rule: Optional[str] = None
-    numerics: str = "mi355x"
+    numerics: str = Numerics.MI355X
 
     def __post_init__(self) -> None:
         _check_choice("qk_format", self.qk_format, QK_FORMATS)
@@ -181,6 +217,8 @@ class Recipe:
         _check_choice("proxy", self.proxy, PROXIES)
         _check_choice("numerics", self.numerics, NUMERICS)
         _check_choice("key_order", self.key_order, KEY_ORDERS)
+        object.__setattr__(self, "numerics", Numerics(self.numerics))
+        object.__setattr__(self, "key_order", KeyOrder(self.key_order))
         for field in ("qk_scale_rule", "v_scale_rule", "p_scale_rule"):
             value = getattr(self, field)
             if value is not None:
@@ -235,16 +273,15 @@ class Recipe:
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7): the
 #: signed rotation, K smoothing, and Q smoothing on the slices whose queries share a large offset (the switch
-#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics: kernel time +0.5% / +2.0%
-#: at the paper / Wan2.2 shapes on normal inputs, H200, benchmarks/results/q_smoothing_default_bench_h200.md).
+#: above; the other slices run the plain key loop bit for bit, paying only the Q statistics; its measured cost:
+#: benchmarks/NOTES.md §14, "Accuracy on structured inputs: what each preset addition buys").
 ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks), and visits the key tiles diagonal first (the reference from the row's own
 #: neighbourhood where attention is local). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering; it
 #: takes the diagonal order with the reference raised by 3/32 doubling, which keeps the row's largest weights out of
-#: the floor scale rule's saturation at 0.9375 (``locality``: 7.69% -> 7.14% at D = 128 in the sm90 emulator, every
-#: other family within 0.07 pp; NUMERICS.md §7).
+#: the floor scale rule's saturation at 0.9375 (measurements: benchmarks/NOTES.md §18).
 ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10, key_order="diagonal"),
             "mxfp6": dict(key_order="diagonal", frozen_max_offset_log2=MXFP6_P_FROZEN_MAX_OFFSET_LOG2)}
 #: The suffix of the paper-faithful presets.
@@ -257,11 +294,13 @@ _OPERANDS = {
 
 #: Named presets. ``mxfp8``/``mxfp6``/``mxfp4`` are paper Table 3 with the complete pipeline (Table 4's bold row)
 #: plus :data:`ROBUST`; ``mxfp8-paper``/``mxfp6-paper``/``mxfp4-paper`` are the paper's pipeline alone (what
-#: ``fsattn accuracy --table 4`` reproduces); ``bf16`` is the conventional softmax on BF16 operands; ``exact``
+#: ``fsattn accuracy --table 4`` reproduces); ``bf16-emulated`` is the conventional softmax on BF16 operands, computed
+#: by the emulator (``"bf16"`` names stock attention, as a policy of ``fsattn_diffusers.integration``); ``exact``
 #: keeps FP32 throughout.
+BF16_EMULATED = "bf16-emulated"
 PRESETS = {
     "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
-    "bf16": Recipe(name="bf16", qk_format="bf16", p_format="bf16", v_format="bf16"),
+    BF16_EMULATED: Recipe(name=BF16_EMULATED, qk_format="bf16", p_format="bf16", v_format="bf16"),
     **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST, **ROBUST_P[ops["p_format"]])
        for name, ops in _OPERANDS.items()},
     **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
@@ -293,10 +332,21 @@ def _field_value(field: dataclasses.Field, text: str):
     return low
 
 
+#: Former preset names, accepted with a one-time deprecation notice: old name -> the preset's name now.
+RENAMED_PRESETS = {"bf16": BF16_EMULATED}
+
+
 def parse_recipe_name(text: str) -> Recipe:
     """A preset with changes, written ``"mxfp8+smooth_q"`` or ``"mxfp8+proxy=u32+rollback_cap_log2=24"`` (a bare
-    field name means ``=true``). Unknown presets or fields raise a one-line ValueError."""
+    field name means ``=true``). Unknown presets or fields raise a one-line ValueError; a former name
+    (:data:`RENAMED_PRESETS`) gives its preset with a one-time deprecation notice."""
     base, *changes = [part.strip() for part in text.strip().lower().split("+")]
+    if base in RENAMED_PRESETS:
+        new = RENAMED_PRESETS[base]
+        warn_once(f"renamed preset {base}", f"recipe {base!r} is deprecated: the preset is now {new!r} (the "
+                  f"conventional softmax on BF16 operands, computed by the emulator; \"{base}\" as a policy is stock "
+                  f"attention)")
+        base, text = new, "+".join([new, *changes])
     if base not in PRESETS:
         raise ValueError(f"unknown recipe {text!r}; accepted: {', '.join(PRESETS)}, a Recipe, or a preset with "
                          f"changes such as 'mxfp8+smooth_q'")

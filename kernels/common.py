@@ -84,6 +84,13 @@ def round_elem(y, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr):
 
 
 @triton.jit
+def round_e4m3(x):
+    """``round_elem(x, 3, -6, 448.0)``: the nearest-even, saturating FP8 E4M3 value of fp32 ``x`` by bit arithmetic
+    (subnormals kept; same values as the hardware cast on sm_90 and as formats.round_to_elem for E4M3)."""
+    return round_elem(x, 3, -6, 448.0)
+
+
+@triton.jit
 def round_e2m3_scaled(t):
     """``round_elem(t, 3, 0, 7.5) * 2^-6`` by the hardware E4M3 cast (nearest-even on sm_90; not the interpreter's):
     E2M3's grid scaled by 2^-6 is E4M3's from its subnormals (0.125 * 2^-6 = 2^-9) to 7.5 * 2^-6, so the cast rounds

@@ -30,7 +30,7 @@ from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
 from .common import (E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, QX_MIN_LOG2,
-                     RNE_MAGIC as MAGIC, pow2, round_bf16, round_elem)
+                     RNE_MAGIC as MAGIC, pow2, round_bf16, round_e4m3, round_elem)
 
 # f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
 # Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).
@@ -65,7 +65,7 @@ def _stage_ab_f16(acc, s128, c, SATURATE: tl.constexpr, RNE_CVT: tl.constexpr):
     p = ((f.to(tl.int32, bitcast=True) & 0xFFFF).to(tl.int16).to(tl.float16, bitcast=True)).to(tl.float32)
     # E4M3 rounding in fp32 (exact, then the cast is exact): the sum is taken on these values rather than on
     # P8 cast back to fp32 (that form gave wrong, run-to-run varying results on the H200 in one of two suite runs).
-    p = round_elem(p, 3, -6, 448.0)
+    p = round_e4m3(p)
     return p.to(tl.float8e4nv), tl.sum(p, axis=1)
 
 
@@ -111,7 +111,7 @@ def _stage_ab_ungated(acc, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN: tl
         p = tl.reshape(q, (BM, BN))
     psum = tl.sum(p, axis=1)
     if RNE_CVT:  # the CPU interpreter's fp32->fp8 cast is not nearest-even; round first there
-        p = round_elem(p, 3, -6, 448.0)
+        p = round_e4m3(p)
     return p.to(tl.float8e4nv), psum
 
 
@@ -160,14 +160,14 @@ def _stage_ab_gated(acc, amax, s128, c, P_MX: tl.constexpr, BM: tl.constexpr, BN
         g = tl.maximum(a6 * s128 + cb, MAGIC)
         x = (g.to(tl.int32, bitcast=True) << 16).to(tl.float32, bitcast=True)
         if RNE_CVT:
-            x = round_elem(x, 3, -6, 448.0)
+            x = round_e4m3(x)
         e16 = x.to(tl.float8e4nv).to(tl.float16)
         e16 = tl.minimum(e16, tl.full(e16.shape, E2M3_MAX_SCALED, tl.float16))
         kexp = (e128 >> 7) - 123  # s + 6
         sc16 = ((tl.maximum(kexp, -10) + 15) << 10).to(tl.int16).to(tl.float16, bitcast=True)
         y = e16 * sc16
         if RNE_CVT:
-            y = round_elem(y.to(tl.float32), 3, -6, 448.0)
+            y = round_e4m3(y.to(tl.float32))
         p8 = tl.reshape(y.to(tl.float8e4nv), (BM, BN))
         # Per-thread partial block sums over the register axes (exact in f16: < 1, on the 2^-9 grid), scaled
         # per block in fp32; one cross-lane reduction per row instead of one per block.

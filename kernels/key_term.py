@@ -12,7 +12,7 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import KEY_TERM_COLS, pow2, round_elem
+from .common import KEY_TERM_COLS, pow2, round_e4m3
 
 KEY_TILE = sm90_numerics.TILE
 KEY_TERM_LEAD = tl.constexpr(sm90_numerics.KEY_TERM_LEAD)
@@ -30,7 +30,7 @@ def _e4m3(x, HW_CVT: tl.constexpr):
     if HW_CVT:
         return x.to(tl.float8e4nv).to(tl.float32)
     else:
-        return round_elem(x, 3, -6, 448.0)
+        return round_e4m3(x)
 
 
 @triton.jit

@@ -36,16 +36,43 @@ NUM_STAGES = 3
 GLUON_PINGPONG = "gluon_pingpong"
 TRITON = "triton"
 VARIANTS = (GLUON_PINGPONG, TRITON)
-VARIANT = os.environ.get("FSATTN_KERNEL_VARIANT", GLUON_PINGPONG)
+#: The environment variable that picks the variant, read at each call (:func:`effective_variant`).
+VARIANT_ENV = "FSATTN_KERNEL_VARIANT"
+#: A process-wide choice that takes precedence over ``VARIANT_ENV`` (``fsattn bench --variant`` sets it); None: the
+#: environment variable's value, else ``GLUON_PINGPONG``.
+VARIANT: Optional[str] = None
 PP_STAGES = 4
 
 
 def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
-    """The variant that runs ``plan``: "gluon_pingpong" covers the gated recipes with Schraudolph's exponential (mxfp8,
-    mxfp6, mxfp4: fp8_row or MXFP6 P) on a GPU, else "triton"."""
-    variant = variant or VARIANT
+    """The variant that runs ``plan``.
+
+    Parameters
+    ----------
+    variant : str or None
+        The variant asked for; None: :data:`VARIANT`, else the ``FSATTN_KERNEL_VARIANT`` environment variable as it
+        is at this call, else "gluon_pingpong".
+    plan : KernelPlan
+        The recipe's kernel plan.
+
+    Returns
+    -------
+    str
+        "gluon_pingpong" where it applies (the gated recipes with Schraudolph's exponential: mxfp8, mxfp6, mxfp4 with
+        fp8_row or MXFP6 P, on a GPU), else "triton".
+
+    Raises
+    ------
+    ValueError
+        One line naming the unknown variant, where it came from and the accepted values.
+    """
+    source = "variant"
+    if not variant:
+        variant, source = VARIANT, "kernels.ops.VARIANT"
+    if not variant:
+        variant, source = os.environ.get(VARIANT_ENV) or GLUON_PINGPONG, VARIANT_ENV
     if variant not in VARIANTS:
-        raise ValueError(f"kernel variant {variant!r}; accepted: {', '.join(VARIANTS)}")
+        raise ValueError(f"{source}={variant!r} is not a kernel variant; accepted: {', '.join(VARIANTS)}")
     if variant == GLUON_PINGPONG and (not plan.gate or plan.h15 or INTERPRET):
         return TRITON
     return variant

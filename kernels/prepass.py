@@ -24,8 +24,8 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import (flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_e2m1, round_e2m3_scaled, round_elem,
-                     shared_exp)
+from .common import (flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_e2m1, round_e2m3_scaled, round_e4m3,
+                     round_elem, shared_exp)
 from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
@@ -147,7 +147,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
     # E4M3 carry: exact inside the window, else the nearest-even E4M3 value (the sm90 deviation).
     q8 = tl.reshape(elem * pow2(shift + e6)[:, :, None], (BS, D))
     if not HW_CVT:  # the CPU interpreter's fp32 -> fp8 cast is not nearest-even: round first there
-        q8 = round_elem(q8, 3, -6, 448.0)
+        q8 = round_e4m3(q8)
     if NAN_PAD:
         q8 = tl.where(rows[:, None] < n, q8, float("nan"))
     q8 = q8.to(tl.float8e4nv)
@@ -226,7 +226,7 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
         v8 = tl.math.div_rn(x, scale)
         vs = tl.zeros((D,), tl.float32) + scale
     if not HW_CVT:  # the CPU interpreter's fp32 -> fp8 cast is not nearest-even: round first there
-        v8 = round_elem(v8, 3, -6, 448.0)
+        v8 = round_e4m3(v8)
     if PERM_V:  # the attention kernels' P column order (fused_attention._perm_p): key c at a = c0 + 2c3 + 4c1 + 8c2
         # in registers (rows as (group, c3, c2, c1, c0) -> (group, c2, c1, c3, c0)) so the store stays contiguous
         v8 = tl.reshape(tl.permute(tl.reshape(v8, (BS // 16, 2, 2, 2, 2, D)), (0, 2, 3, 1, 4, 5)), (BS, D))

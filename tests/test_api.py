@@ -48,7 +48,7 @@ def test_return_tuple_order_and_stats_keys():
     out, lse, stats = fa.attention(q, q, q, "mxfp6", return_lse=True, return_stats=True)
     assert out.shape == q.shape and lse.shape == (1, 2, 300)
     assert set(stats) == {"rollbacks", "tiles", "rollback_tiles", "rollback_rate"}
-    assert isinstance(fa.attention(q, q, q, "bf16"), torch.Tensor)
+    assert isinstance(fa.attention(q, q, q, "bf16-emulated"), torch.Tensor)
 
 
 def test_emulator_warns_once_that_it_is_slow(recwarn):

@@ -65,7 +65,7 @@ def test_exact_gradients_pass_finite_differences():
 
 def test_bf16_recipe_is_differentiable_and_close_to_sdpa():
     q, k, v = leaf_inputs(s_q=90, seed=5, dtype=torch.bfloat16)
-    out = fa.attention(q, k, v, "bf16", layout="bshd")
+    out = fa.attention(q, k, v, "bf16-emulated", layout="bshd")
     out.float().square().sum().backward()
     q2, k2, v2 = (t.detach().float().requires_grad_() for t in (q, k, v))
     ref = F.scaled_dot_product_attention(q2.transpose(1, 2), k2.transpose(1, 2), v2.transpose(1, 2)).transpose(1, 2)
@@ -91,7 +91,7 @@ def test_quantized_recipes_refuse_grad_with_one_line(recipe):
     msg = str(info.value)
     print(msg)
     assert "\n" not in msg
-    assert msg == (f"fsattn attention is inference-only for quantized recipe '{recipe}'; use recipe='bf16' or "
+    assert msg == (f"fsattn attention is inference-only for quantized recipe '{recipe}'; use recipe='bf16-emulated' or "
                    f"'exact' (differentiable) or torch.nn.functional.scaled_dot_product_attention for training")
 
 

@@ -12,7 +12,7 @@ from fsattn_diffusers.measure.accuracy_tables import table4
 from fsattn_diffusers import testing
 from fsattn_diffusers.recipe import PRESETS
 
-RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
+RECIPES = ["exact", "bf16-emulated", "mxfp8", "mxfp6", "mxfp4"]
 
 
 def exact_attention(q, k, v, scale=None, kv_lens=None):
@@ -47,7 +47,7 @@ def test_every_recipe_on_awkward_shapes(recipe, b, s_q, s_k, h, d):
     assert out.shape == q.shape and out.dtype == q.dtype
     assert all(torch.equal(a, b_) for a, b_ in zip((q, k, v), copies)), "inputs were modified"
     err, cos = error_and_cosine(out, exact_attention(q, k, v))
-    bound = {"exact": 1e-6, "bf16": 0.01, "mxfp8": 0.08, "mxfp6": 0.09, "mxfp4": 0.26}[recipe]
+    bound = {"exact": 1e-6, "bf16-emulated": 0.01, "mxfp8": 0.08, "mxfp6": 0.09, "mxfp4": 0.26}[recipe]
     print(f"{recipe}: rel err {err:.4f} cos {cos:.5f} (bound {bound})")
     assert math.isfinite(err) and err < bound
 
@@ -231,7 +231,7 @@ def test_lse_of_a_shard_that_rolled_back_merges_like_any_other(recipe):
     assert abs(e_merged - e_full) <= LSE_MERGE_REL * e_full + LSE_MERGE_FLOOR
 
 
-@pytest.mark.parametrize("recipe", ["mxfp8-paper", "mxfp6-paper", "mxfp4-paper", PRESETS["bf16"].replace(frozen_max=True)])
+@pytest.mark.parametrize("recipe", ["mxfp8-paper", "mxfp6-paper", "mxfp4-paper", PRESETS["bf16-emulated"].replace(frozen_max=True)])
 def test_gate_disabled_overflows_past_the_proxy_range(recipe):
     """Without the gate, an overshoot past the U16 pattern's code space (384 doublings, Appendix C)
     saturates the pattern at 0xFFFF, a BF16 NaN, and poisons the row. 2^40 and 2^100 still fit the BF16
@@ -281,5 +281,5 @@ def test_cpu_shape_from_the_issue_runs():
 def test_sm90_numerics_refuses_recipes_the_kernel_does_not_run():
     q = rand(1, 40, 1, 64, seed=80)
     with pytest.raises(ValueError, match="accepted: mxfp8, mxfp6, mxfp4") as info:
-        fa.attention(q, q, q, PRESETS["bf16"].replace(numerics="sm90"))
+        fa.attention(q, q, q, PRESETS["bf16-emulated"].replace(numerics="sm90"))
     assert "\n" not in str(info.value)

@@ -25,7 +25,7 @@ def test_presets_raise_the_reference_for_mxfp6_p_only():
     for name in ("mxfp6", "mxfp4"):
         print(name, PRESETS[name].key_order, PRESETS[name].frozen_max_offset_log2)
         assert PRESETS[name].key_order == "diagonal" and PRESETS[name].frozen_max_offset_log2 == OFFSET
-    for name in ("mxfp8", "bf16", "exact", *(n + PAPER_SUFFIX for n in ("mxfp8", "mxfp6", "mxfp4"))):
+    for name in ("mxfp8", "bf16-emulated", "exact", *(n + PAPER_SUFFIX for n in ("mxfp8", "mxfp6", "mxfp4"))):
         assert PRESETS[name].frozen_max_offset_log2 == 0.0, name
 
 

@@ -8,7 +8,7 @@ import torch
 import fsattn_diffusers as fa
 from fsattn_diffusers import nonfinite, notices
 
-RECIPES = ["mxfp8", "mxfp6", "mxfp4", "bf16", "exact"]
+RECIPES = ["mxfp8", "mxfp6", "mxfp4", "bf16-emulated", "exact"]
 B, H, S, D = 2, 2, 300, 64
 
 

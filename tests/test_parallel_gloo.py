@@ -14,7 +14,7 @@ import torch
 
 from fsattn_diffusers.measure import parallel_check as check
 
-RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
+RECIPES = ["exact", "bf16-emulated", "mxfp8", "mxfp6", "mxfp4"]
 #: Tiny Wan transformer with fsattn processors under diffusers' context parallelism.
 WAN_POLICIES = ["exact", "mxfp8"]
 WORLD = 2
@@ -50,7 +50,7 @@ def test_wan_transformer_under_context_parallelism_equals_one_process(sharded, p
 def test_numerics_that_sharding_does_not_touch_are_bit_identical(sharded):
     """Ulysses keeps every query row's keys on one rank: without per-tensor scales it is exact."""
     q, k, v = check.make_inputs()
-    for recipe in ("exact", "bf16", "mxfp6", "mxfp4"):
+    for recipe in ("exact", "bf16-emulated", "mxfp6", "mxfp4"):
         single = check.attention(q, k, v, recipe)
         assert torch.equal(sharded[recipe]["ulysses"], single), recipe
 

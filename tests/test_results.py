@@ -84,3 +84,15 @@ def test_recipe_record_is_every_field_and_what_the_backend_computes():
     assert provenance.policy_record("bf16") == provenance.baseline_record()
     hybrid = provenance.policy_record("hybrid")
     assert set(hybrid["recipe"]) == {"mxfp6", "mxfp4"}
+
+
+def test_numerics_md_states_what_is_computed_not_what_was_measured():
+    """NUMERICS.md is the contract: no commit hashes, dates, timings or links to result files that are gone (the
+    measurements live in benchmarks/NOTES.md)."""
+    import re
+
+    text = open(os.path.join(ROOT, "NUMERICS.md")).read()
+    assert not re.findall(r"\bcommit [0-9a-f]{7}|\b[0-9a-f]{7,40}\b(?=[),])|20\d\d-\d\d-\d\d|\d ms\b", text)
+    for link in re.findall(r"benchmarks/results/([\w./{},-]+)", text):
+        for name in re.sub(r"\{([^}]*)\}", lambda m: m.group(1).split(",")[0], link).split():
+            assert os.path.exists(os.path.join(ROOT, "benchmarks", "results", name.rstrip(".;"))), link

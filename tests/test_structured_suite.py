@@ -306,11 +306,11 @@ def test_conventional_columns_follow_each_recipe():
     print("mxfp8", PRESETS["mxfp8"].key_order, "-> conventional", conv8.key_order)
     assert PRESETS["mxfp8"].key_order == "diagonal" and conv8.key_order == "natural"
     res = suite.run_suite((1, 1, 64), head_dims=(64,), dtypes=("bfloat16",), families=["gaussian"],
-                          recipes=["mxfp8", PRESETS["mxfp8"].replace(name="mxfp8-copy"), "bf16"], external=False)
+                          recipes=["mxfp8", PRESETS["mxfp8"].replace(name="mxfp8-copy"), "bf16-emulated"], external=False)
     print(res["columns"])
-    assert res["columns"] == ["mxfp8", "mxfp8-copy", "bf16", "conventional-mxfp8"]  # one per distinct operand set
+    assert res["columns"] == ["mxfp8", "mxfp8-copy", "bf16-emulated", "conventional-mxfp8"]  # one per distinct operand set
     row = res["cases"][0]["columns"]
-    assert row["mxfp8"]["err"] == row["mxfp8-copy"]["err"] and row["bf16"]["err"] < 0.01
+    assert row["mxfp8"]["err"] == row["mxfp8-copy"]["err"] and row["bf16-emulated"]["err"] < 0.01
 
 
 def test_query_rows_subset_is_row_exact_on_the_emulator():

@@ -29,13 +29,13 @@ from typing import Optional
 import torch
 
 from ..formats import E4M3
-from ..recipe import PRESETS, Recipe
+from ..recipe import BF16_EMULATED, PRESETS, Recipe
 from ..smoothing import valid_prefix
 from .registry import Backend, register_backend
 
 #: FP8 E4M3 largest finite value: a per-(batch, head) scale maps amax onto it.
 E4M3_MAX = E4M3.max_value
-FA3_RECIPE = PRESETS["bf16"].replace(name="fa3")
+FA3_RECIPE = PRESETS[BF16_EMULATED].replace(name="fa3")
 FA3_FP8_RECIPE = Recipe(name="fa3-fp8", qk_format="fp8", p_format="bf16", v_format="fp8_tensor")
 #: The recipes this backend runs, by name (for messages and the policies); a recipe runs here when it equals one of
 #: them in every field but its name (anything else is refused with a reason).

@@ -13,7 +13,7 @@ import torch
 
 from ..emulator import emulate_attention
 from ..exponent import SCHRAUDOLPH_EPS
-from ..recipe import PAPER_SUFFIX, PRESETS, Recipe
+from ..recipe import BF16_EMULATED, PAPER_SUFFIX, PRESETS, Recipe
 from ..testing import error_and_cosine
 from .provenance import recipe_record
 
@@ -78,8 +78,9 @@ TABLE4_ROWS = {
 
 
 def paper_preset(name: str) -> Recipe:
-    """The paper-faithful preset of ``name``: ``PRESETS[name + "-paper"]`` where it exists, else ``PRESETS[name]``."""
-    return PRESETS.get(name + PAPER_SUFFIX, PRESETS[name])
+    """The paper-faithful preset of a Table 4 column ``name``: ``PRESETS[name + "-paper"]`` where it exists, else
+    ``PRESETS[name]``; the paper's BF16 column is the ``bf16-emulated`` preset."""
+    return PRESETS.get(name + PAPER_SUFFIX) or PRESETS[BF16_EMULATED if name == "bf16" else name]
 
 
 def table4_recipe(row: str, column: str) -> Recipe:

@@ -16,7 +16,7 @@ import torch
 
 from ..testing import error_and_cosine
 from ..api import attention, supported_head_dim
-from ..recipe import PRESETS, Recipe, get_recipe
+from ..recipe import BF16_EMULATED, PRESETS, Recipe, get_recipe
 
 #: Query rows analysed per call by default (one query tile of the paper's kernels).
 DEFAULT_ROWS = 256
@@ -34,7 +34,7 @@ def conventional(recipe: Recipe) -> Recipe:
 
 
 #: BF16 attention with the conventional softmax: the reference of every error (as in Table 4).
-REFERENCE_RECIPE = conventional(PRESETS["bf16"])
+REFERENCE_RECIPE = conventional(PRESETS[BF16_EMULATED])
 
 
 def resolve_recipes(names: Sequence) -> List[Recipe]:

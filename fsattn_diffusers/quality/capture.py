@@ -179,7 +179,7 @@ def run_capture(pipe, spec, prompt: str, out_video: str, recipes: Sequence = ("m
     """
     from ..backends import Backend, register_backend, registered
     from ..integration.runner import generate_video
-    from ..recipe import PRESETS
+    from ..recipe import BF16_EMULATED, PRESETS
     from .loading import run_kwargs
 
     if rows < 1:
@@ -195,7 +195,7 @@ def run_capture(pipe, spec, prompt: str, out_video: str, recipes: Sequence = ("m
     observer.attach()
     try:
         kwargs = dict(run_kwargs(spec), backend=CAPTURE_BACKEND)
-        result = generate_video(pipe, prompt, out=out_video, policy=PRESETS["bf16"], progress=progress, **kwargs)
+        result = generate_video(pipe, prompt, out=out_video, policy=PRESETS[BF16_EMULATED], progress=progress, **kwargs)
     finally:
         observer.detach()
         _unregister(CAPTURE_BACKEND)
