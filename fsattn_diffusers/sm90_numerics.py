@@ -35,8 +35,8 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    BF16 exponent fields).
 
 8. **Rowmax-H15 (``exponential="rowmax_h15"``, fp8_row P, gated).** The exponential of "How Much Softmax Do You
-   Need in LLMs?", ``n = rne(2 (X - m))``, weight ``(1 + 0.5 (n mod 2)) 2^(n div 2)``, with ``m`` on difference 2's 1/128 grid. The kernel forms ``2X - 2m``
-   in one FMA and rounds it to the integer grid by adding 1.5 2^23 (the FMA's own fp32 rounding can move ``n`` only
+   Need in LLMs?", ``n = rne(2 (X - m))``, weight ``(1 + 0.5 (n mod 2)) 2^(n div 2)``, with ``m`` on difference 2's
+   1/128 grid. The kernel forms ``2X - 2m`` in one FMA and rounds it to the integer grid by adding 1.5 2^23 (the FMA's own fp32 rounding can move ``n`` only
    when ``2X - 2m`` lies within 2^-23 relative of a half-integer). The weight times ``2^sigma`` is built from ``n``'s
    bits (exponent ``n div 2 + sigma``, mantissa bit ``n mod 2``); its E4M3 rounding is the PV operand and the row
    sum's term (exact down to 2^-8; below, E4M3's subnormal grid rounds). ``n`` is clamped at :data:`H15_MIN_N`
