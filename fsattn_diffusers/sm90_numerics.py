@@ -34,13 +34,13 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    clamped to 0, as E4M3 would round them. mxfp6 P keeps the BF16 proxy (its block scales are read from
    BF16 exponent fields).
 
-8. **Rowmax-H15 (``exponential="rowmax_h15"``, fp8_row P, gated).** The exponential of "How Much Softmax Do You
-   Need in LLMs?", ``n = rne(2 (X - m))``, weight ``(1 + 0.5 (n mod 2)) 2^(n div 2)``, with ``m`` on difference 2's
-   1/128 grid. The kernel forms ``2X - 2m`` in one FMA and rounds it to the integer grid by adding 1.5 2^23 (the FMA's own fp32 rounding can move ``n`` only
-   when ``2X - 2m`` lies within 2^-23 relative of a half-integer). The weight times ``2^sigma`` is built from ``n``'s
-   bits (exponent ``n div 2 + sigma``, mantissa bit ``n mod 2``); its E4M3 rounding is the PV operand and the row
-   sum's term (exact down to 2^-8; below, E4M3's subnormal grid rounds). ``n`` is clamped at :data:`H15_MIN_N`
-   (masked keys give 0 after the rounding).
+8. **Rowmax-H15 (``exponential="rowmax_h15"``, fp8_row P, gated).** The exponential of "How Much Softmax Do You Need in
+   LLMs?", ``n = rne(2 (X - m))``, weight ``(1 + 0.5 (n mod 2)) 2^(n div 2)``, with ``m`` on difference 2's 1/128 grid.
+   The kernel forms ``2X - 2m`` in one FMA and rounds it to the integer grid by adding 1.5 2^23 (the FMA's own fp32
+   rounding can move ``n`` only when ``2X - 2m`` lies within 2^-23 relative of a half-integer). The weight times
+   ``2^sigma`` is built from ``n``'s bits (exponent ``n div 2 + sigma``, mantissa bit ``n mod 2``); its E4M3 rounding is
+   the PV operand and the row sum's term (exact down to 2^-8; below, E4M3's subnormal grid rounds). ``n`` is clamped at
+   :data:`H15_MIN_N` (masked keys give 0 after the rounding).
 
 9. **Q smoothing's key term on the tensor cores (``smooth_q``).** The per-key term ``b_j = alpha log2e (q_mean . k_j)``
    is not added to every score: it enters the score GEMM as a K = 32 wgmma on which ``Q K_j^T`` is chained,
