@@ -59,8 +59,8 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
 chained onto O every later tile's products would be cut at O's magnitude: on sharp, patch-like rows 10.5% of the output
 at S = 32768 against the reference's 0.8%). The score GEMM's own accumulation on the tensor cores (within a key tile,
-over the head dimension) and the fp32 summation order are not modeled; :func:`fsattn_diffusers.testing.within_kernel_rule`
-states what that allows.
+over the head dimension) and the fp32 summation order are not modeled;
+:func:`fsattn_diffusers.testing.within_kernel_rule` states what that allows.
 """
 
 from __future__ import annotations
