@@ -100,3 +100,12 @@ def hide(monkeypatch) -> None:
     """Make ``import sageattention`` fail (as on a machine without it)."""
     forget(monkeypatch)
     monkeypatch.setitem(sys.modules, "sageattention", None)
+
+
+def accept_in_diffusers(monkeypatch, module) -> None:
+    """What diffusers decides when it is imported with SageAttention 2 installed: its ``sage`` backend usable, calling
+    ``module.sageattn`` (diffusers imports the entries once, at its own import)."""
+    from diffusers.models import attention_dispatch as ad
+
+    monkeypatch.setattr(ad, "_CAN_USE_SAGE_ATTN", True)
+    monkeypatch.setattr(ad, "sageattn", module.sageattn)

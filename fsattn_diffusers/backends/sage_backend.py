@@ -161,7 +161,7 @@ def diffusers_refusal(identity: Optional[Dict] = None) -> Optional[str]:
         ident = identity or sage_identity()
         seen = "" if ident is None else f"; imported: {ident['label']}"
         meta = "" if ident is None else f" (importlib.metadata: {ident['metadata_version']})"
-        return (f"diffusers' sage backend refuses: it needs the sageattention distribution >= "
+        return (f"diffusers refuses its sage backend: it needs the sageattention distribution >= "
                 f"{DIFFUSERS_MIN_VERSION}{meta} with SageAttention 2's entries ({str(exc).splitlines()[0]}){seen}")
     return None
 
