@@ -109,3 +109,31 @@ def test_cli_sage_usage_errors(monkeypatch, tmp_path, capsys):
     fake_sage.accept_in_diffusers(monkeypatch, sage)
     assert main(["e2e", "--device", "cpu", "--model", "hunyuan", "--policies", "sage"]) == 2
     assert "takes no attention mask" in capsys.readouterr().err
+
+
+def test_e2e_times_the_sage_policy_through_diffusers(monkeypatch, tmp_path):
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    from fsattn_diffusers.measure import e2e, e2e_report
+
+    sage = fake_sage.install(monkeypatch, tmp_path, kind="2")
+    fake_sage.accept_in_diffusers(monkeypatch, sage)
+    spec = e2e.wan22_spec(frames=5, height=64, width=64, scale=dict(num_attention_heads=2, attention_head_dim=64,
+                                                                      ffn_dim=64, num_layers=1, text_dim=32))
+    model = e2e.build_transformer(spec, "cpu", dtype=torch.float32)
+    inputs = e2e.make_inputs(spec, "cpu", dtype=torch.float32)
+    stock = {k: type(v) for k, v in model.attn_processors.items()}
+    active = _AttentionBackendRegistry._active_backend
+    results = {p: e2e.run_policy(model, inputs, spec, p, steps=1, warmup=0) for p in ("bf16", "sage")}
+    r = results["sage"]
+    # 2 forwards per step (CFG) x 2 attention calls, for the timed step and the instrumented one
+    assert len(sage.CALLS) == 8 and r["attention_s_per_step"] > 0 and r["rollback_rate"] is None
+    assert r["sageattention"]["kind"] == "SageAttention 2" and r["attention_backend"] == "diffusers:sage"
+    assert {k: type(v) for k, v in model.attn_processors.items()} == stock and _backends(model) == {None}
+    assert _AttentionBackendRegistry._active_backend == active
+    table = e2e.summarize(results)
+    assert table["sage"]["speedup_vs"]["sage"] == 1.0
+    md = e2e_report.markdown({"meta": {"spec": {"name": spec.name, "calls_per_step": 2}}, "summary": table,
+                              "results": results})
+    print(md)
+    assert "vs SageAttention" in md and "sage: diffusers' `sage` attention backend" in md
