@@ -137,3 +137,16 @@ def test_e2e_times_the_sage_policy_through_diffusers(monkeypatch, tmp_path):
                               "results": results})
     print(md)
     assert "vs SageAttention" in md and "sage: diffusers' `sage` attention backend" in md
+
+
+def test_apply_sage_refuses_hunyuan_video_before_changing_it(monkeypatch, tmp_path):
+    from fsattn_diffusers.integration.tiny import tiny_hunyuan_transformer
+
+    sage = fake_sage.install(monkeypatch, tmp_path, kind="2")
+    fake_sage.accept_in_diffusers(monkeypatch, sage)
+    model = tiny_hunyuan_transformer()
+    before = {k: type(v) for k, v in model.attn_processors.items()}
+    with pytest.raises(ValueError) as info:
+        fsattn_diffusers.apply(model, policy="sage")
+    assert "\n" not in str(info.value) and "HunyuanVideo's transformer passes one on every call" in str(info.value)
+    assert {k: type(v) for k, v in model.attn_processors.items()} == before and _backends(model) == {None}
