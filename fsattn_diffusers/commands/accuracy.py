@@ -105,11 +105,15 @@ def _device(text: str):
 def _versions(meta) -> None:
     from importlib import metadata
 
-    for key, dist in (("triton", "triton"), ("fa3_fwd", "fa3-fwd"), ("sageattention", "sageattention")):
+    for key, dist in (("triton", "triton"), ("fa3_fwd", "fa3-fwd")):
         try:
             meta[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             meta[key] = None
+    from ..backends.sage_backend import sage_identity, sage_missing
+
+    # which SageAttention is imported, from the module itself (a PyPI 1.0.6 beside a source build misreports)
+    meta["sageattention"] = sage_identity() or {"missing": sage_missing()}
 
 
 def _run_suite(args, meta) -> int:

@@ -17,7 +17,8 @@ def add_arguments(parser) -> None:
     parser.add_argument("--recipes", default=",".join(RECIPES), help="comma list of our recipes")
     parser.add_argument("--baselines", default=",".join(BASELINES),
                         help=f"comma list of {', '.join(BASELINES)} (those not installed are skipped with a line; "
-                             "fa3/fa3-fp8 need the fa3-fwd package)")
+                             "fa3/fa3-fp8 need the fa3-fwd package; sage runs whichever sageattention is "
+                             "importable, SageAttention 2 or PyPI's 1.0.6, and the report names it)")
     parser.add_argument("--inputs", default="gaussian",
                         help="comma list of input families: gaussian (random normal, the default) or names of "
                              "the structured-input suite (fsattn accuracy --suite structured), e.g. "
@@ -92,11 +93,14 @@ def run(args) -> int:
         from ..kernels import ops
 
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
-    env = environment()
+    env = environment(baselines)
     env["rounds"] = args.rounds
     env["kernel_variant"] = args.variant or os.environ.get(
         "FSATTN_KERNEL_VARIANT", "gluon_pingpong (gated recipes), triton (others)")
     print(f"device {env.get('device')} torch {env['torch']} triton {env['triton']}")
+    sage = env.get("sageattention")
+    if sage:
+        print(f"sage: {sage.get('label') or 'skipped: ' + sage['missing']}")
     results = []
     for shp in shapes:
         for name in inputs:

@@ -13,7 +13,7 @@ from ..cli import UsageError
 
 NAME = "e2e"
 HELP = "time whole denoising steps of Wan2.2-T2V-A14B / HunyuanVideo at real size (random weights) per policy"
-POLICIES = ("bf16", "fa3", "fa3-fp8", "mxfp8", "mxfp6", "mxfp4")
+POLICIES = ("bf16", "fa3", "fa3-fp8", "sage", "mxfp8", "mxfp6", "mxfp4")
 #: Step-scheduled policies: timed over one real run of --schedule-steps steps.
 SCHEDULES = ("hybrid",)
 DEFAULT_POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
@@ -28,7 +28,9 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=1, help="untimed warm-up forward calls per policy")
     p.add_argument("--policies", default=",".join(DEFAULT_POLICIES),
                    help=f"comma-separated of {', '.join(POLICIES + SCHEDULES)}; bf16 (stock SDPA) is always included; "
-                        f"fa3 / fa3-fp8 (FlashAttention-3 BF16 / FP8) need the fa3-fwd package; hybrid is timed over "
+                        f"fa3 / fa3-fp8 (FlashAttention-3 BF16 / FP8) need the fa3-fwd package; sage (diffusers' "
+                        f"SageAttention backend, set_attention_backend('sage'); Wan only) needs SageAttention 2; "
+                        f"hybrid is timed over "
                         f"one real run of --schedule-steps steps (with mxfp6 and mxfp4 also measured, the projection "
                         f"from their steps is reported beside it)")
     p.add_argument("--schedule-steps", type=int, default=20,
@@ -64,6 +66,9 @@ def run(args) -> int:
 
     for p in policies + schedules:
         get_policy(p)  # a baseline whose package is missing: one ValueError line, exit 2
+    if args.model == "hunyuan" and "sage" in policies:
+        raise UsageError("--model hunyuan with the sage policy: diffusers' sage backend takes no attention mask and "
+                         "HunyuanVideo's transformer passes one on every call; accepted: sage with --model wan22")
     if args.height % 16 or args.width % 16:
         raise UsageError(f"--height/--width must be multiples of 16, got {args.height}x{args.width}")
     if args.steps < 1:

@@ -27,7 +27,9 @@ def add_arguments(p) -> None:
                    help="diffusers pipeline directory or Hub id (Wan2.1, Wan2.2, HunyuanVideo); "
                         "default: the embedded tiny smoke model")
     p.add_argument("--policy", default="hybrid",
-                   help="bf16 | mxfp8 | mxfp6 | mxfp4 | hybrid | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' "
+                   help="bf16 | mxfp8 | mxfp6 | mxfp4 | hybrid | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' | "
+                        "fa3 | fa3-fp8 (FlashAttention-3, the fa3-fwd package) | sage (SageAttention through "
+                        "diffusers' set_attention_backend('sage'); Wan; needs SageAttention 2) "
                         "(default: %(default)s)")
     p.add_argument("--backend", default="auto", help="attention backend: auto, triton, aiter, emulator")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; smoke: 20)")

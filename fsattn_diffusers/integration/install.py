@@ -66,6 +66,8 @@ class FSAttnHandle:
     saved: Dict[str, List[Tuple[str, torch.nn.Module, object]]] = field(default_factory=dict)
     #: False once removed or replaced (no more records).
     active: bool = True
+    #: A diffusers-backend policy (``sage``): what :func:`remove` restores (:func:`set_diffusers_backend`).
+    diffusers_backend: Optional["DiffusersBackendState"] = None
 
     @property
     def records(self) -> List[CallRecord]:
@@ -153,6 +155,9 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
         (``handle.active`` is False) and records nothing more; use the handle this call returns.
     """
     policy = get_policy(policy)
+    attention_backend = getattr(policy, "attention_backend", None)
+    if attention_backend is not None:  # refuse before anything changes
+        refuse_masked_models(pipe, policy.name, attention_backend)
     previous = installed(pipe)
     if previous is not None:
         from ..notices import warn
@@ -175,12 +180,73 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
     if not followed:
         raise ValueError(f"no Wan or HunyuanVideo self-attention found in {type(pipe).__name__}; accepted: "
                          f"WanPipeline (Wan2.1, Wan2.2), HunyuanVideoPipeline or their transformers")
+    if attention_backend is not None:
+        try:
+            handle.diffusers_backend = set_diffusers_backend([m for _, m in followed], attention_backend)
+        except ValueError:
+            for entries in handle.saved.values():
+                for _, module, stock in entries:
+                    _swap_processor(module, stock)
+            raise
     if isinstance(pipe, torch.nn.Module):
         tracker.attach_transformer(pipe, followed[0][0])
     else:
         tracker.attach_pipeline(pipe, followed)
     object.__setattr__(pipe, _HANDLE_ATTR, handle)
     return handle
+
+
+@dataclass
+class DiffusersBackendState:
+    """The attention backends that :func:`set_diffusers_backend` replaced: every attention module's processor's
+    ``_attention_backend`` and diffusers' process-wide active backend (``set_attention_backend`` changes it too)."""
+
+    modules: List[Tuple[torch.nn.Module, object]]
+    active: object
+
+    def restore(self) -> None:
+        """Put the saved backends back on the processors installed now, and the active backend."""
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        for module, value in self.modules:
+            if hasattr(module.processor, "_attention_backend"):
+                module.processor._attention_backend = value
+        _AttentionBackendRegistry.set_active_backend(self.active)
+
+
+def _attention_modules(model: torch.nn.Module) -> List[torch.nn.Module]:
+    from diffusers.models.attention import AttentionModuleMixin
+    from diffusers.models.attention_processor import Attention
+
+    return [m for m in model.modules() if isinstance(m, (Attention, AttentionModuleMixin))]
+
+
+def set_diffusers_backend(models, backend: str) -> DiffusersBackendState:
+    """``model.set_attention_backend(backend)`` on every model of ``models``, as a diffusers user selects it; returns
+    what to restore. One-line ValueError when diffusers refuses the backend."""
+    from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+    state = DiffusersBackendState([(m, getattr(m.processor, "_attention_backend", None))
+                                   for model in models for m in _attention_modules(model)],
+                                  _AttentionBackendRegistry._active_backend)
+    try:
+        for model in models:
+            model.set_attention_backend(backend)
+    except (RuntimeError, ValueError) as exc:
+        state.restore()
+        raise ValueError(f"diffusers' set_attention_backend({backend!r}) refused: {str(exc).splitlines()[0]}") \
+            from None
+    return state
+
+
+def refuse_masked_models(pipe, policy: str, backend: str) -> None:
+    """One-line ValueError when ``pipe`` holds a HunyuanVideo transformer: it passes an attention mask on every call,
+    which diffusers' SageAttention backend ``sage`` does not take (it raises at the first call)."""
+    for _, model in _transformers_of(pipe):
+        if any(cls is HunyuanVideoFSAttnProcessor for _, _, cls in self_attention_modules(model)):
+            raise ValueError(f"the {policy} policy runs diffusers' {backend} backend, which takes no attention mask, "
+                             f"and HunyuanVideo's transformer passes one on every call; accepted: the {policy} "
+                             "policy on Wan2.1 / Wan2.2")
 
 
 def remove(pipe) -> bool:
@@ -191,6 +257,8 @@ def remove(pipe) -> bool:
     for entries in handle.saved.values():
         for _, module, stock in entries:
             _swap_processor(module, stock)
+    if handle.diffusers_backend is not None:
+        handle.diffusers_backend.restore()
     handle.tracker.detach()
     handle.active = False
     object.__delattr__(pipe, _HANDLE_ATTR)

@@ -15,6 +15,9 @@ Accepted specifications (:func:`get_policy`):
 * a :class:`Recipe`, or a :class:`Policy`.
 * ``"fa3"`` / ``"fa3-fp8"``: baseline kernels, FlashAttention-3 BF16 / FP8 with per-(batch, head) scales
   on every step (:data:`BASELINE_POLICIES`; needs the ``fa3-fwd`` package).
+* ``"sage"``: SageAttention through diffusers' own ``"sage"`` attention backend on every step, selected as a
+  diffusers user does (``transformer.set_attention_backend("sage")``, which :func:`fsattn_diffusers.apply` calls;
+  :data:`DIFFUSERS_BACKEND_POLICIES`; needs a ``sageattention`` that diffusers accepts: SageAttention 2).
 
 ``None`` is refused with a ValueError: pass ``"bf16"`` for stock attention (``apply`` defaults to
 ``"hybrid"``).
@@ -44,7 +47,8 @@ def entry_name(entry: Entry) -> str:
 
 
 def _accepted() -> str:
-    names = ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"] + list(BASELINE_POLICIES)
+    names = ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"] + list(BASELINE_POLICIES) + \
+        list(DIFFUSERS_BACKEND_POLICIES)
     return f"{', '.join(names)}, a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3', or {{ends, middle, n_ends}}"
 
 
@@ -318,6 +322,40 @@ def baseline_policy(name: str) -> "FixedPolicy":
     return policy
 
 
+#: Policy name -> diffusers attention backend (``set_attention_backend``): stock processors on every call, the
+#: attention computed by that diffusers backend (SageAttention: what Wan users run on Hopper).
+DIFFUSERS_BACKEND_POLICIES = {"sage": "sage"}
+
+
+class DiffusersBackendPolicy(FixedPolicy):
+    """Stock attention processors on every step, computed by diffusers' attention backend ``attention_backend``.
+
+    :func:`fsattn_diffusers.apply` calls ``set_attention_backend(attention_backend)`` on every transformer (every
+    attention module, cross-attention included, as for a diffusers user) and restores the previous backends on
+    :func:`fsattn_diffusers.remove`; the processors record ``name`` with the backend each call ran on.
+    """
+
+    def __init__(self, name: str, attention_backend: str):
+        super().__init__(None)
+        self.name = name
+        self.attention_backend = attention_backend
+
+    def plan_names(self, num_steps: int) -> List[str]:
+        return [self.name] * num_steps
+
+
+def diffusers_backend_policy(name: str) -> DiffusersBackendPolicy:
+    """The policy of :data:`DIFFUSERS_BACKEND_POLICIES` ``name``. One-line ValueError when its package is not
+    importable or diffusers refuses the backend (``sage``: diffusers checks the installed distribution's version)."""
+    from ..backends import sage_backend
+
+    identity = sage_backend.require_sage(f"the {name} policy")
+    why = sage_backend.diffusers_refusal(identity)
+    if why is not None:
+        raise ValueError(f"the {name} policy runs diffusers' {DIFFUSERS_BACKEND_POLICIES[name]} backend; {why}")
+    return DiffusersBackendPolicy(name, DIFFUSERS_BACKEND_POLICIES[name])
+
+
 def get_policy(spec: Union[str, Recipe, Policy, Mapping]) -> Policy:
     """Resolve a policy specification (see the module docstring). One-line ValueError when invalid,
     ``None`` included (say ``"bf16"`` for stock attention)."""
@@ -341,6 +379,8 @@ def get_policy(spec: Union[str, Recipe, Policy, Mapping]) -> Policy:
             return hybrid_policy()
         if key in BASELINE_POLICIES:
             return baseline_policy(key)
+        if key in DIFFUSERS_BACKEND_POLICIES:
+            return diffusers_backend_policy(key)
         if ":" in text or "," in text:
             return parse_schedule(key)
         if key in STOCK_NAMES or key in PRESETS:
@@ -375,4 +415,4 @@ def schedule_line(policy: Policy, num_steps: int) -> str:
 
 __all__ = ["schedule_line", "Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
            "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES", "BASELINE_POLICIES",
-           "baseline_policy"]
+           "baseline_policy", "DIFFUSERS_BACKEND_POLICIES", "DiffusersBackendPolicy", "diffusers_backend_policy"]

@@ -30,6 +30,16 @@ from .policy import Entry, FixedPolicy, entry_name, get_policy
 from .tracker import CallRecord, StepTracker
 
 
+def diffusers_backend_name(value) -> str:
+    """``"diffusers:<name>"`` for a processor's ``_attention_backend`` (an ``AttentionBackendName``, a string, or
+    None: diffusers' active backend, ``native`` unless set)."""
+    if value is None:
+        from diffusers.models.attention_dispatch import _AttentionBackendRegistry
+
+        value = _AttentionBackendRegistry._active_backend
+    return f"diffusers:{getattr(value, 'value', value)}"
+
+
 class _FSAttnProcessorBase:
     """Policy, backend and step bookkeeping shared by the model-specific processors.
 
@@ -112,9 +122,15 @@ class _FSAttnProcessorBase:
 
     def _record(self, step, num_steps, entry, planned, note) -> None:
         if self.tracker.record:
+            ran, wanted, backend = entry_name(entry), entry_name(planned), "stock" if entry is None else self.backend
+            chosen = getattr(self.policy, "attention_backend", None)
+            if chosen is not None:  # a diffusers backend (sage): what this processor's calls are dispatched to
+                wanted, backend = self.policy.name, diffusers_backend_name(self._attention_backend)
+                ran = wanted if backend == f"diffusers:{chosen}" else "bf16"
+                if ran != wanted:
+                    note = f"diffusers attention backend is {backend}, not {chosen}"
             self.tracker.add(CallRecord(step, num_steps, self.tracker.timestep, self.tracker.transformer,
-                                        self.layer, entry_name(entry), entry_name(planned),
-                                        "stock" if entry is None else self.backend, note))
+                                        self.layer, ran, wanted, backend, note))
 
     def _attend(self, q, k, v, entry, kv_lens=None, q_lens=None):
         """fsattn attention on (B, S, H, D) operands; output (B, S, H*D) in q's dtype. ``q_lens``: the valid queries

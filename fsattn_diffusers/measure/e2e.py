@@ -159,14 +159,22 @@ class AttentionTimer:
 
 
 @contextlib.contextmanager
-def timed_attention(timer: AttentionTimer, fsattn: bool, with_stats: bool = True):
-    """Route attention calls through ``timer``: torch SDPA for stock runs, our processors' attention
-    (fsattn recipes, with rollback statistics when ``with_stats``; baseline kernels) otherwise."""
+def timed_attention(timer: AttentionTimer, fsattn: bool, with_stats: bool = True,
+                    diffusers_backend: Optional[str] = None):
+    """Route attention calls through ``timer``: torch SDPA for stock runs, the function diffusers registered for
+    ``diffusers_backend`` (``sage``: every attention call of the model), our processors' attention (fsattn recipes,
+    with rollback statistics when ``with_stats``; baseline kernels) otherwise."""
     import torch.nn.functional as F
 
     from ..integration import processors
 
-    if fsattn:
+    if diffusers_backend is not None:
+        from diffusers.models.attention_dispatch import AttentionBackendName, _AttentionBackendRegistry
+
+        name = AttentionBackendName(diffusers_backend)
+        patch = mock.patch.dict(_AttentionBackendRegistry._backends,
+                                {name: timer.wrap(_AttentionBackendRegistry._backends[name])})
+    elif fsattn:
         timed = timer.wrap(processors.attention, with_stats=with_stats)
         patch = mock.patch.object(processors, "attention", timed)
     else:
@@ -199,7 +207,8 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
                backend: str = "auto", instrument: bool = True, compiled: bool = False,
                compile_backend: str = "inductor") -> dict:
     """Time ``steps`` steps of ``model`` under ``policy`` (``"bf16"``: stock SDPA on its cuDNN backend;
-    ``"fa3"``/``"fa3-fp8"``: FlashAttention-3 through our processors) after ``warmup`` untimed forward calls,
+    ``"fa3"``/``"fa3-fp8"``: FlashAttention-3 through our processors; ``"sage"``: diffusers' ``sage`` backend on
+    every attention module, set by ``set_attention_backend`` and restored after) after ``warmup`` untimed forward calls,
     then (``instrument``) one instrumented step for the attention time (CUDA events around every
     self-attention call), its share of that step, and the rollback statistics (fsattn recipes only).
     ``instrument=False`` leaves those None. ``compiled``: the model's repeated blocks are compiled
@@ -212,7 +221,9 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
     from ..integration.processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 
     stock = policy == "bf16"
-    baseline = not stock and get_policy(policy).backend is not None  # a baseline kernel: no rollback gate
+    resolved = None if stock else get_policy(policy)
+    chosen = getattr(resolved, "attention_backend", None)  # sage: stock processors on a diffusers backend
+    baseline = not stock and (resolved.backend is not None or chosen is not None)  # a baseline: no rollback gate
     cuda = next(model.parameters()).is_cuda
     saved = dict(model.attn_processors)
     if not stock:
@@ -220,7 +231,12 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
         procs = {k: (cls(policy, backend=backend, layer=k) if _is_self_attention(k, spec) else v)
                  for k, v in saved.items()}
         model.set_attn_processor(procs)
+    state = None
     try:
+        if chosen is not None:
+            from ..integration.install import set_diffusers_backend
+
+            state = set_diffusers_backend([model], chosen)
         kernels = [SDPBackend.CUDNN_ATTENTION] if cuda else [SDPBackend.MATH]
         with torch.no_grad(), sdpa_kernel(kernels):
             def warm():  # warm-up forwards (kernel compilation, allocator), untimed
@@ -247,11 +263,13 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
             timer = AttentionTimer(cuda=cuda)
             inst, attn = [None], None
             if instrument:  # one more step, instrumented: attention time and rollbacks
-                with timed_attention(timer, not stock, with_stats=not baseline):
+                with timed_attention(timer, not stock, with_stats=not baseline, diffusers_backend=chosen):
                     inst = time_steps(model, inputs, spec, 1, cuda)
                 attn = timer.seconds()
     finally:
         model.set_attn_processor(saved)
+        if state is not None:
+            state.restore()
     step = sorted(secs)[len(secs) // 2]
     tiles = max(1, timer.stats["tiles"])
     gated = instrument and not stock and not baseline
@@ -308,8 +326,8 @@ def _is_self_attention(name: str, spec: ModelSpec) -> bool:
 
 
 #: Baselines a speedup is reported against, when the run measured them: stock SDPA (cuDNN) BF16,
-#: FlashAttention-3 BF16, FlashAttention-3 FP8 (per-(batch, head) scales).
-BASELINES = ("bf16", "fa3", "fa3-fp8")
+#: FlashAttention-3 BF16, FlashAttention-3 FP8 (per-(batch, head) scales), SageAttention (diffusers' sage backend).
+BASELINES = ("bf16", "fa3", "fa3-fp8", "sage")
 
 
 def summarize(results: Dict[str, dict], steps_total: int = PAPER_STEPS, ends: int = HYBRID_ENDS,

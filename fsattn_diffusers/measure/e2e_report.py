@@ -1,7 +1,8 @@
 """Tables of ``fsattn e2e``: the latency columns of the paper's Table 6 for one model configuration.
 
 One row per policy: the measured step, the projected 20-step latency, and the speedup over every
-baseline the run measured (stock SDPA BF16, FlashAttention-3 BF16, FlashAttention-3 FP8), each from the
+baseline the run measured (stock SDPA BF16, FlashAttention-3 BF16, FlashAttention-3 FP8, SageAttention through
+diffusers' ``sage`` backend, the one imported named below the table), each from the
 same process and configuration (GEMM precision, compiled or not).
 """
 
@@ -12,7 +13,7 @@ from typing import Dict, List, Optional
 from .e2e import BASELINES, PAPER_STEPS
 from .provenance import recipes_markdown
 
-BASELINE_LABELS = {"bf16": "SDPA bf16", "fa3": "FA3 bf16", "fa3-fp8": "FA3 fp8"}
+BASELINE_LABELS = {"bf16": "SDPA bf16", "fa3": "FA3 bf16", "fa3-fp8": "FA3 fp8", "sage": "SageAttention"}
 
 
 def config_label(config: dict) -> str:
@@ -54,6 +55,10 @@ def markdown(doc: dict) -> str:
     for name, row in summary.items():
         if row.get("note"):
             lines.append(f"{name}: {row['note']}.")
+    sage = (doc.get("results", {}).get("sage") or {}).get("sageattention")
+    if sage:
+        lines.append(f"sage: diffusers' `sage` attention backend (`set_attention_backend(\"sage\")`) on every attention "
+                     f"module; {sage['label']}.")
     compiled = {p: r.get("compile") for p, r in doc.get("results", {}).items() if r.get("compile")}
     if compiled:
         lines.append("Compile: " + "; ".join(

@@ -30,6 +30,7 @@ RECIPES = ("mxfp8", "mxfp6", "mxfp4")
 BASELINE_METHODS = {"cudnn": "sdpa-cudnn", "flash": "sdpa-flash", "fa3": "fa3-bf16", "fa3-fp8": "fa3-fp8",
                     "sage": "sageattention"}
 BASELINES = tuple(BASELINE_METHODS)
+SAGE_METHOD = BASELINE_METHODS["sage"]
 #: The bf16 baselines; the fastest of them in a run is the ``best_bf16`` reference.
 BF16_METHODS = ("sdpa-cudnn", "sdpa-flash", "fa3-bf16")
 # Query rows sampled per (batch, head) for the accuracy columns.
@@ -69,13 +70,22 @@ def sdpa_fn(q, k, v, backend_name: str):
     return run
 
 
-def sage_fn(q, k, v):
-    """SageAttention's default entry on BHSD (``tensor_layout='HND'``), or None when not installed."""
-    try:
-        from sageattention import sageattn
-    except Exception:  # noqa: BLE001 - any import failure means "not available"
-        return None
-    return lambda: sageattn(q, k, v, tensor_layout="HND", is_causal=False)
+def sage_fn(q, k, v, scale=None):
+    """SageAttention's ``sageattn`` on BHSD (``tensor_layout='HND'``), or the one-line reason (str) when
+    ``sageattention`` is not importable (:mod:`fsattn_diffusers.backends.sage_backend` says which one runs)."""
+    from ..backends.sage_backend import sage_call, sage_missing
+
+    why = sage_missing()
+    if why is not None:
+        return why
+    return lambda: sage_call(q, k, v, scale)
+
+
+def sage_record() -> Dict:
+    """``{"sageattention": which SageAttention is imported (its identity dict, None when absent)}``."""
+    from ..backends.sage_backend import sage_identity
+
+    return {"sageattention": sage_identity()}
 
 
 def fa3_fns(q, k, v, scale):
@@ -112,10 +122,39 @@ def fa3_fns(q, k, v, scale):
     return {"fa3": bf16, "fa3-fp8": (lambda: fp8_call(quantize()), quantize, lambda: fp8_call(held))}
 
 
+def baseline_callables(q, k, v, scale, baselines) -> Dict:
+    """``{name: (run, {part: function}, row fields) or the one-line reason it is skipped}`` for the ``--baselines``
+    names ``baselines`` on (B, H, S, D) ``q, k, v``; SageAttention's row fields say which one runs
+    (:func:`sage_record`)."""
+    fa3 = fa3_fns(q, k, v, scale) if {"fa3", "fa3-fp8"} & set(baselines) else None
+    out = {}
+    for name in baselines:
+        parts, extra = {}, {}
+        if name in ("fa3", "fa3-fp8"):
+            if isinstance(fa3, str):
+                out[name] = fa3
+                continue
+            fn = fa3[name]
+            if name == "fa3-fp8":
+                fn, quantize, kernel = fn
+                parts = {"prepass_ms": quantize, "kernel_ms": kernel}
+        elif name == "sage":
+            fn = sage_fn(q, k, v, scale)
+            if isinstance(fn, str):
+                out[name] = fn
+                continue
+            extra = sage_record()
+        else:
+            fn = sdpa_fn(q, k, v, name)
+        out[name] = (fn, parts, extra)
+    return out
+
+
 def add_ratios(results: List[Dict]) -> List[Dict]:
     """Set ``speedup_vs_cudnn``, ``speedup_vs_best_bf16`` (+ ``best_bf16``, its method), ``speedup_vs_fa3_fp8``
-    (FA3 FP8 with its Q/K/V quantization) and ``speedup_vs_fa3_fp8_kernel`` (FA3 FP8's kernel alone, inputs already in
-    E4M3) on every row of one shape's ``results`` (None where that baseline did not run); returns ``results``."""
+    (FA3 FP8 with its Q/K/V quantization), ``speedup_vs_fa3_fp8_kernel`` (FA3 FP8's kernel alone, inputs already in
+    E4M3) and ``speedup_vs_sage`` (SageAttention's whole call, its quantization included) on every row of one shape's
+    ``results`` (None where that baseline did not run); returns ``results``."""
     ms = {r["method"]: r["ms"] for r in results}
     fp8_kernel = next((r.get("kernel_ms") for r in results if r["method"] == "fa3-fp8"), None)
     bf16 = [(ms[m], m) for m in BF16_METHODS if m in ms]
@@ -126,6 +165,7 @@ def add_ratios(results: List[Dict]) -> List[Dict]:
         r["speedup_vs_best_bf16"] = best_ms / r["ms"] if best_ms else None
         r["speedup_vs_fa3_fp8"] = ms["fa3-fp8"] / r["ms"] if "fa3-fp8" in ms else None
         r["speedup_vs_fa3_fp8_kernel"] = fp8_kernel / r["ms"] if fp8_kernel else None
+        r["speedup_vs_sage"] = ms[SAGE_METHOD] / r["ms"] if SAGE_METHOD in ms else None
     return results
 
 
@@ -224,24 +264,13 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         del out
         methods[name] = (fn, parts, {"rel_err": err, "cos": cos, **(extra or provenance.baseline_record())})
 
-    fa3 = fa3_fns(q, k, v, scale) if {"fa3", "fa3-fp8"} & set(baselines) else None
-    for name in baselines:
-        parts = {}
-        if name in ("fa3", "fa3-fp8"):
-            if isinstance(fa3, str):
-                log(f"  {name:<14} skipped: {fa3}")
-                continue
-            fn = fa3[name]
-            if name == "fa3-fp8":
-                fn, quantize, kernel = fn
-                parts = {"prepass_ms": quantize, "kernel_ms": kernel}
-        else:
-            fn = sage_fn(q, k, v) if name == "sage" else sdpa_fn(q, k, v, name)
-        if fn is None:
-            log(f"  {name:<14} not installed, skipped")
+    for name, got in baseline_callables(q, k, v, scale, baselines).items():
+        if isinstance(got, str):
+            log(f"  {name:<14} skipped: {got}")
             continue
+        fn, parts, extra = got
         try:
-            checked(BASELINE_METHODS[name], fn, parts)
+            checked(BASELINE_METHODS[name], fn, parts, {**provenance.baseline_record(), **extra})
         except Exception as exc:  # noqa: BLE001 - report and continue with the rest
             log(f"  {name:<14} failed: {type(exc).__name__}: {exc}")
     qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
@@ -289,19 +318,24 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         results.append(row)
         log(f"  {name:<14} {row['ms']:9.3f} ms {row['tflops']:8.1f} TFLOP/s  err {row['rel_err']:.4f} "
             f"cos {row['cos']:.5f}{kernel}")
-    del fa3, methods
+    del methods
     return add_ratios(results)
 
 
-def environment() -> Dict:
+def environment(baselines=()) -> Dict:
     """The file's header (:func:`~fsattn_diffusers.measure.provenance.header`: device, versions, date, commit,
-    command) with the GPU's capability and cuDNN version."""
+    command) with the GPU's capability and cuDNN version; with ``sage`` among ``baselines``, ``sageattention``: which
+    SageAttention runs (:func:`~fsattn_diffusers.backends.sage_backend.sage_identity`), or ``{"missing": reason}``."""
     import torch
+
+    from ..backends.sage_backend import sage_identity, sage_missing
 
     env = provenance.header(" ".join(["fsattn"] + sys.argv[1:]) if sys.argv else "fsattn bench")
     if torch.cuda.is_available():
         env["capability"] = ".".join(map(str, torch.cuda.get_device_capability()))
         env["cudnn"] = torch.backends.cudnn.version()
+    if "sage" in baselines:
+        env["sageattention"] = sage_identity() or {"missing": sage_missing()}
     return env
 
 
@@ -315,6 +349,16 @@ def _rounds_text(rounds: int) -> str:
     return (f"{rounds} interleaved rounds (every method once per round, in turn, the order reversed every other "
             f"round), reported as the median over the {rounds // 2} (forward, reverse) pairs of the pair's mean, so "
             "that every method is timed in each place of the round alike; per-round values in the JSON's `rounds_ms`")
+
+
+def _sage_line(env: Dict) -> List[str]:
+    """The header line naming the SageAttention of the ``sageattention`` rows (none when not asked for)."""
+    sage = env.get("sageattention")
+    if not sage:
+        return []
+    if "missing" in sage:
+        return [f"- sage: not run ({sage['missing']})"]
+    return [f"- sage (`{SAGE_METHOD}` rows, `sageattn` whole call, its quantization included): {sage['label']}"]
 
 
 def markdown(env: Dict, results: List[Dict]) -> str:
@@ -331,17 +375,21 @@ def markdown(env: Dict, results: List[Dict]) -> str:
              "- ratios: time of the baseline / time of the row, measured in this run; best bf16 = the fastest of "
              "SDPA cuDNN, SDPA flash and FA3 bf16 at that shape; ours include the pre-pass, FA3 FP8 its "
              "Q/K/V quantization (both also timed apart); FA3 FP8 kernel = its kernel alone on inputs already in E4M3 "
-             "(the FP8 baseline with a quantization that costs nothing, e.g. fused into the projection before it)", "",
+             "(the FP8 baseline with a quantization that costs nothing, e.g. fused into the projection before it); "
+             "vs SageAttention = SageAttention's whole `sageattn` call", *_sage_line(env), "",
              "| shape (B,H,Sq,Sk,D) | inputs | method | ms | TFLOP/s | vs cuDNN | vs best bf16 | vs FA3 FP8 "
-             "| vs FA3 FP8 kernel | rel. err | cos | pre-pass ms | kernel ms | rollbacks |",
-             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
+             "| vs FA3 FP8 kernel | vs SageAttention | rel. err | cos | pre-pass ms | kernel ms | rollbacks |",
+             "| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |"]
     for r in results:
         best = f" ({r['best_bf16']})" if r.get("speedup_vs_best_bf16") else ""
         rb = r.get("rollback_rate")
-        lines.append(f"| {','.join(map(str, r['shape']))} | {r.get('inputs', 'gaussian')} | {r['method']} "
+        sage = r.get("sageattention")
+        method = r["method"] + (f" ({sage['kind']} {sage['version'] or ''})".replace(" )", ")") if sage else "")
+        lines.append(f"| {','.join(map(str, r['shape']))} | {r.get('inputs', 'gaussian')} | {method} "
                      f"| {r['ms']:.3f} | {r['tflops']:.0f} "
                      f"| {_ratio(r.get('speedup_vs_cudnn'))} | {_ratio(r.get('speedup_vs_best_bf16'))}{best} "
                      f"| {_ratio(r.get('speedup_vs_fa3_fp8'))} | {_ratio(r.get('speedup_vs_fa3_fp8_kernel'))} "
+                     f"| {_ratio(r.get('speedup_vs_sage'))} "
                      f"| {r['rel_err']:.4f} | {r['cos']:.5f} "
                      f"| {r.get('prepass_ms', float('nan')):.3f} | {r.get('kernel_ms', float('nan')):.3f} "
                      f"| {'-' if rb is None else f'{rb:.4f}'} |".replace("nan", "-"))

@@ -69,16 +69,22 @@ def recipe_record(recipe, backend: str) -> Dict:
 def policy_record(policy: str, steps: int = 20) -> Dict:
     """The two fields for a row that ran ``policy`` (a policy name of :func:`fsattn_diffusers.apply`): one recipe's
     record for a fixed policy, ``{recipe name: ...}`` maps for a step schedule (over ``steps`` steps), the baseline
-    record for stock attention. The backend is the one that ran each recipe last in this process
+    record for stock attention, with ``attention_backend`` and ``sageattention`` (which SageAttention is imported) for
+    a diffusers-backend policy (``sage``). The backend is the one that ran each recipe last in this process
     (:data:`fsattn_diffusers.backends.LAST_RAN`); ``computed_numerics`` is None for a recipe that has not run."""
     from ..backends import LAST_RAN, computed_numerics
     from ..backends.fa3_backend import FA3_RECIPES
-    from ..integration.policy import BASELINE_POLICIES, get_policy
+    from ..integration.policy import BASELINE_POLICIES, DIFFUSERS_BACKEND_POLICIES, get_policy
     from ..recipe import Recipe
 
     if policy in BASELINE_POLICIES:  # FlashAttention-3 through our processors (no import of fa3-fwd needed here)
         recipe_name, backend = BASELINE_POLICIES[policy]
         return recipe_record(FA3_RECIPES[recipe_name], backend)
+    if policy in DIFFUSERS_BACKEND_POLICIES:  # stock processors on a diffusers backend: which one, and what it ran
+        from ..backends.sage_backend import sage_identity
+
+        return {**baseline_record(), "attention_backend": f"diffusers:{DIFFUSERS_BACKEND_POLICIES[policy]}",
+                "sageattention": sage_identity()}
     recipes = {e.name: e for e in get_policy(policy).schedule(steps) if isinstance(e, Recipe)}
     if not recipes:
         return baseline_record()

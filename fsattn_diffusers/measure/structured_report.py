@@ -22,6 +22,14 @@ def _cell_text(cell: Dict) -> str:
     return f"{100 * cell['err']:.2f}{flag}"
 
 
+def _sage_text(sage) -> str:
+    """Which SageAttention (the identity dict of :func:`~fsattn_diffusers.backends.sage_backend.sage_identity`, or
+    ``{"missing": reason}``; older files: a version string or None)."""
+    if isinstance(sage, dict):
+        return sage.get("label") or f"not importable ({sage.get('missing')})"
+    return str(sage)
+
+
 def _column_seconds(result: Dict, column: str) -> float:
     return sum(case["columns"][column].get("seconds") or 0.0 for case in result["cases"])
 
@@ -61,7 +69,7 @@ def markdown(payload: Dict) -> str:
     lines = [f"# Structured-input accuracy suite — {meta.get('device', 'cpu')}", "",
              f"- date: {meta['date']}", f"- command: `{meta['command']}`",
              f"- torch {meta.get('torch')}, triton {meta.get('triton')}, python {meta.get('python')}, "
-             f"fa3-fwd {meta.get('fa3_fwd')}, sageattention {meta.get('sageattention')}",
+             f"fa3-fwd {meta.get('fa3_fwd')}, sageattention {_sage_text(meta.get('sageattention'))}",
              f"- shape (B, H, S) {tuple(meta['shape'])}, head dims {meta['head_dims']}, dtypes {meta['dtypes']}, "
              f"seeds {meta['seeds']}, backend {meta['backend']}, numerics {meta.get('numerics') or 'per recipe'}",
              f"- reference: {result['exact']}; cells: relative Frobenius error % / cosine, mean over seeds; "

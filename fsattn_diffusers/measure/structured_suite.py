@@ -11,7 +11,9 @@ and, against it, the global relative error and the cosine of
 * when importable on a CUDA device: FlashAttention-3 (``fa3_fwd_interface.flash_attn_func``) in BF16
   (``fa3-bf16``; fp16 inputs are rounded to BF16 first, since the ``fa3-fwd`` build has no FP16 kernels)
   and in FP8 E4M3 with per-(batch, head) scales ``amax / 448`` and the matching descales (``fa3-fp8``),
-  and SageAttention's ``sageattn`` (``sage``).
+  and SageAttention's ``sageattn`` (``sage``: SageAttention 2 where its sm90 build is importable, else the
+  installed one, e.g. PyPI's 1.0.6; the result's ``sageattention`` says which,
+  :func:`fsattn_diffusers.backends.sage_backend.sage_identity`).
 
 Every column also records how many output elements are NaN/inf where exact attention is finite, and
 whether the call left its inputs unchanged (compared with a copy taken before the call).
@@ -91,13 +93,13 @@ def external_columns(device: torch.device) -> Tuple[Dict[str, Callable], List[st
             out = fa3(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=qd, k_descale=kd, v_descale=vd)
             return _first(out).transpose(1, 2)
         cols["fa3-bf16"], cols[FA3_FP8] = fa3_bf16, fa3_fp8
-    try:
-        from sageattention import sageattn
-    except Exception as exc:  # noqa: BLE001
-        notes.append(f"sage: skipped (sageattention not importable: {str(exc).splitlines()[0]})")
+    from ..backends.sage_backend import sage_call, sage_missing
+
+    why = sage_missing()
+    if why is not None:
+        notes.append(f"sage: skipped ({why})")
     else:
-        cols["sage"] = lambda q, k, v, scale: _first(sageattn(q, k, v, tensor_layout="HND", is_causal=False,
-                                                               sm_scale=scale))
+        cols["sage"] = sage_call
     return cols, notes
 
 
@@ -185,9 +187,9 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     dict with ``cases`` (list of {family, dtype, head_dim, columns: {name: {err, cos, nonfinite,
     inputs_unchanged, ...}}}), ``columns`` (names in order), ``recipes`` (every field of each fsattn column's
     recipe), ``computed_numerics`` ({column: what its backend computed, ``"baseline"`` for FA3/SageAttention}),
-    ``recipe_formats`` ({recipe column: MX
-    format}), ``notes`` (absent columns, fallbacks), ``exact`` (how the reference was computed) and
-    ``seconds``.
+    ``recipe_formats`` ({recipe column: MX format}), ``sageattention`` (which SageAttention the ``sage`` column ran,
+    :func:`~fsattn_diffusers.backends.sage_backend.sage_identity`; None without that column), ``notes`` (absent
+    columns, fallbacks), ``exact`` (how the reference was computed) and ``seconds``.
     """
     if len(shape) != 3 or min(shape) < 1:
         raise ValueError(f"shape must be (B, H, S) of positive ints, got {tuple(shape)}")
@@ -234,6 +236,11 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
         ext, ext_notes = external_columns(dev)
         notes += ext_notes
         columns.update({name: (fn, False) for name, fn in ext.items()})
+    sage = None
+    if "sage" in columns:
+        from ..backends.sage_backend import sage_identity
+
+        sage = sage_identity()
     t_start = time.perf_counter()
     exact = (f"{str(exact_dtype).replace('torch.', '')} softmax attention on the rounded inputs, "
              f"{'all' if query_rows is None or query_rows >= s else query_rows} query rows, all keys")
@@ -246,6 +253,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
                     if f"{name}: {w}" not in all_notes:
                         all_notes.append(f"{name}: {w}")
         return {"cases": list(cases), "columns": list(columns), "recipe_formats": formats, "notes": all_notes,
+                "sageattention": sage,
                 "exact": exact, "seconds": time.perf_counter() - t_start,
                 "recipes": {name: dataclasses.asdict(r) for name, r in ours.items()},
                 "computed_numerics": {name: _computed(ours.get(name)) for name in columns}}
