@@ -163,7 +163,8 @@ def _run_suite(args, meta) -> int:
     with tqdm(desc="structured suite", unit="cell", file=sys.stderr) as bar:  # files rewritten after every case
         result = run_suite(shape[:3], head_dims, dtypes, families, recipes, args.seeds, str(device), args.backend,
                            query_rows, args.numerics, external=not args.no_external,
-                           progress=lambda *a: bar.update(1), on_case=lambda partial: write(partial, False))
+                           progress=lambda *a: bar.update(1), on_case=lambda partial: write(partial, False),
+                           on_total=lambda n: bar.reset(total=n))
     payload = write(result, True)
     print(text_table(result))
     print(checks_text(payload["checks"]))
