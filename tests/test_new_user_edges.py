@@ -102,3 +102,53 @@ def test_sweep_bar_drops_the_warm_up_label_after_the_warm_up(tmp_path, capsys):
     final = [s for s in err.replace("\r", "\n").splitlines() if s.startswith("sweep:")][-1]
     print(err)
     assert rc == 0 and "1/1" in final and "warm-up" not in final and "p00 bf16" in final
+
+
+def _sixteen():
+    import numpy as np
+
+    rng = np.random.default_rng(0)
+    labels = [f"policy{i:02d}" for i in range(16)]
+    means = [dict(policy="bf16", step_s=1.0, psnr_db=float("inf"), ssim=1.0)]
+    means += [dict(policy=lab, step_s=1.0 + i * 0.05, psnr_db=40 + 20 * rng.random(), ssim=0.9 + 0.1 * rng.random())
+              for i, lab in enumerate(labels)]
+    curves = {"p00": {lab: ([0, 4, 8], list(40 + 20 * rng.random(3))) for lab in labels}}
+    return labels, means, curves
+
+
+def test_sixteen_series_get_sixteen_colours_and_a_legend_beside_the_panels(tmp_path, monkeypatch):
+    pytest.importorskip("matplotlib")
+    from matplotlib.figure import Figure
+
+    from fsattn_diffusers.quality import plots
+
+    figures = []
+    real_savefig = Figure.savefig
+    monkeypatch.setattr(Figure, "savefig", lambda self, *a, **kw: (figures.append(self), real_savefig(self, *a, **kw)))
+    labels, means, curves = _sixteen()
+    plots.plot_quality_vs_time(means, str(tmp_path / "q.png"), False)
+    plots.plot_psnr_per_frame(curves, str(tmp_path / "f.png"))
+    for fig in figures:
+        fig.canvas.draw()
+        legend = fig.legends[0]
+        assert [t.get_text() for t in legend.get_texts()] == labels
+        box = legend.get_window_extent()
+        for ax in fig.axes:
+            assert not box.overlaps(ax.get_window_extent())  # the legend never covers a panel
+        colours = {tuple(h.get_facecolor()[0]) if hasattr(h, "get_offsets") else h.get_color()
+                   for h in legend.legend_handles}
+        assert len(colours) == 16
+
+
+def test_rollback_heatmap_stays_readable_for_many_steps(tmp_path):
+    pytest.importorskip("matplotlib")
+    import numpy as np
+    from PIL import Image
+
+    from fsattn_diffusers.quality.plots import plot_rollback_heatmap
+
+    grids = {r: np.random.default_rng(0).random((2, 20)) for r in ("mxfp8", "mxfp6", "mxfp4")}
+    path = plot_rollback_heatmap(grids, ["blocks.0.attn1", "blocks.1.attn1"], list(range(20)),
+                                 str(tmp_path / "rollback.png"))
+    w, h = Image.open(path).size
+    assert w <= 1300 and h >= 150 * 3 and w / h < 3  # was 3135 x 275
