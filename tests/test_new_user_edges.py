@@ -92,16 +92,46 @@ def test_structured_suite_announces_its_total():
     assert totals == [len(calls)] and len(calls) >= 2
 
 
-def test_sweep_bar_drops_the_warm_up_label_after_the_warm_up(tmp_path, capsys):
+def test_sweep_outputs_bar_json_and_file_modes(tmp_path, capsys):
     pytest.importorskip("skimage")
+    import json
+    import stat
+
     from fsattn_diffusers import cli
 
-    rc = cli.main(["sweep", "--prompt", "a cat", "--policies", "bf16", "--no-lpips", "--steps", "1", "--frames", "1",
-                   "--height", "32", "--width", "32", "--out", str(tmp_path / "sw")])
-    err = capsys.readouterr().err
-    final = [s for s in err.replace("\r", "\n").splitlines() if s.startswith("sweep:")][-1]
-    print(err)
-    assert rc == 0 and "1/1" in final and "warm-up" not in final and "p00 bf16" in final
+    out = tmp_path / "sw"
+    old_umask = os.umask(0o022)
+    try:
+        rc = cli.main(["sweep", "--prompt", "a cat", "--policies", "bf16,mxfp8", "--no-lpips", "--steps", "1",
+                       "--frames", "1", "--height", "32", "--width", "32", "--backend", "emulator", "--out", str(out)])
+    finally:
+        os.umask(old_umask)
+    captured = capsys.readouterr()
+    print(captured.err)
+    final = [s for s in captured.err.replace("\r", "\n").splitlines() if s.startswith("sweep:")][-1]
+    assert rc == 0 and "2/2" in final and "warm-up" not in final and "p00 mxfp8" in final
+    assert f"report: {out / 'report.md'}" in captured.out  # absolute, as every "wrote" line
+
+    def no_constants(name):
+        raise AssertionError(f"non-standard JSON constant {name}")
+
+    data = json.loads((out / "results.json").read_text(), parse_constant=no_constants)
+    psnr = {r["policy"]: r["psnr_db"] for r in data["rows"]}
+    assert psnr["bf16"] is None  # identical to bf16: null, never "inf"
+    assert all(v is None or isinstance(v, float) for r in data["rows"] + data["means"] for k, v in r.items()
+               if k in ("psnr_db", "ssim"))
+    files = [p for p in out.rglob("*") if p.is_file()]
+    assert any(p.suffix == ".safetensors" for p in files)
+    modes = {p.name: oct(stat.S_IMODE(p.stat().st_mode)) for p in files}
+    assert set(modes.values()) == {"0o644"}, modes
+
+
+def test_default_output_folders_are_ignored_by_git():
+    if not os.path.isdir(os.path.join(ROOT, ".git")) and not os.path.isfile(os.path.join(ROOT, ".git")):
+        pytest.skip("not a git checkout")
+    names = ["fsattn_sweep/results.json", "fsattn_sensitivity/x.md", "fsattn_capture/calls.json", "fsattn_video.mp4"]
+    res = subprocess.run(["git", "check-ignore", *names], cwd=ROOT, capture_output=True, text=True)
+    assert res.stdout.split() == names
 
 
 def _sixteen():

@@ -4,6 +4,7 @@ structured-input suite (``--suite structured``: every input family against exact
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -172,7 +173,7 @@ def _run_suite(args, meta) -> int:
         print(f"note: {note}")
     for path in (args.json_path, args.markdown_path):
         if path:
-            print(f"wrote {path}")
+            print(f"wrote {os.path.abspath(path)}")
     return 0
 
 
@@ -252,5 +253,5 @@ def run(args) -> int:
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(payload, fh, indent=1)
-        print(f"wrote {args.json_path}")
+        print(f"wrote {os.path.abspath(args.json_path)}")
     return 0

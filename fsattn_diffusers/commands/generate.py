@@ -142,6 +142,4 @@ def _run(args, policy, device, dtype) -> int:
     print(f"per-step attention (policy {policy.name}; bf16 = stock diffusers attention):")
     for line in result.summary:
         print(f"  {line}")
-    if args.model is None:
-        print(f"note: {SMOKE_NOTE}")
     return 0

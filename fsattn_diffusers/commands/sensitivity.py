@@ -119,7 +119,7 @@ def _attention_only(args, ivs) -> int:
     files = write_attention_outputs(result, args.out)
     with open(files["report"], encoding="utf-8") as fh:
         print(fh.read())
-    print(f"wrote {', '.join(os.path.relpath(p) for p in files.values())}")
+    print(f"wrote {', '.join(os.path.abspath(p) for p in files.values())}")
     return 0
 
 

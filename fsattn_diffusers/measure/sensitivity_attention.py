@@ -212,12 +212,12 @@ def attention_markdown(result: Dict) -> str:
 
 
 def write_attention_outputs(result: Dict, out: str) -> Dict[str, str]:
-    from ..quality.results import jsonable
+    from ..quality.results import json_numbers
 
     os.makedirs(out, exist_ok=True)
     files = {"json": os.path.join(out, ATTN_JSON), "report": os.path.join(out, ATTN_MD)}
     with open(files["json"], "w") as fh:
-        json.dump(jsonable(result), fh, indent=1, allow_nan=False, default=str)
+        json.dump(json_numbers(result), fh, indent=1, allow_nan=False, default=str)
     with open(files["report"], "w", encoding="utf-8") as fh:
         fh.write(attention_markdown(result))
     return files
