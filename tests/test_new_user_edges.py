@@ -182,3 +182,38 @@ def test_rollback_heatmap_stays_readable_for_many_steps(tmp_path):
                                  str(tmp_path / "rollback.png"))
     w, h = Image.open(path).size
     assert w <= 1300 and h >= 150 * 3 and w / h < 3  # was 3135 x 275
+
+
+def test_generate_help_lists_every_policy_it_accepts(capsys):
+    from fsattn_diffusers import cli
+    from fsattn_diffusers.integration.policy import get_policy, policy_names
+
+    with pytest.raises(SystemExit):
+        cli.main(["generate", "--help"])
+    text = " ".join(capsys.readouterr().out.split())
+    for name in policy_names():
+        assert f" {name} |" in text or f"| {name} |" in text, name
+        if not name.startswith("fa3"):
+            get_policy(name)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the message of a machine without CUDA")
+def test_fa3_on_a_cpu_machine_says_a_gpu_is_needed(capsys, tmp_path):
+    from fsattn_diffusers import cli
+
+    rc = cli.main(["generate", "--policy", "fa3", "--out", str(tmp_path / "v.mp4")])
+    err = capsys.readouterr().err.strip()
+    assert rc == 2 and len(err.splitlines()) == 1
+    assert "needs an NVIDIA GPU" in err and "no CUDA device" in err and "pip install" not in err
+
+
+def test_table4_says_how_its_setting_differs_from_the_papers(capsys):
+    from fsattn_diffusers import cli
+    from fsattn_diffusers.measure.accuracy_tables import table4_setting_note
+
+    assert table4_setting_note((1, 24, 32768, 128), 10) is None
+    rc = cli.main(["accuracy", "--table", "4", "--shape", "1,1,64,64", "--device", "cpu"])
+    out = capsys.readouterr().out
+    assert rc == 0
+    assert ("note: ours differ from the paper's setting: shape 1x1x64x64 (paper: 1x24x32768x128), 1 seed "
+            "(paper: 10)") in out
