@@ -48,9 +48,11 @@ def series_styles(labels: Sequence[str]) -> Dict[str, Tuple[tuple, str]]:
     from matplotlib import colormaps
 
     cmap = colormaps[SERIES_CMAP]
+    # tab20 holds 10 hues in dark/light pairs: the 10 dark ones first, so up to 10 series differ in hue
+    order = list(range(0, cmap.N, 2)) + list(range(1, cmap.N, 2))
     out = {}
     for i, label in enumerate(dict.fromkeys(labels)):
-        out[label] = (tuple(cmap(i % cmap.N)), SERIES_MARKERS[(i // cmap.N) % len(SERIES_MARKERS)])
+        out[label] = (tuple(cmap(order[i % cmap.N])), SERIES_MARKERS[(i // cmap.N) % len(SERIES_MARKERS)])
     return out
 
 
@@ -127,6 +129,7 @@ def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) ->
             ax.axvline(ref["step_s"], color="0.4", linestyle="--", linewidth=1)
             ax.annotate("bf16 (reference)", (ref["step_s"], 0.02), xycoords=("data", "axes fraction"),
                         rotation=90, fontsize=7, color="0.3", xytext=(3, 0), textcoords="offset points")
+        ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
         ax.set_xlabel("time per denoising step (s)")
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_title(title, fontsize=9)
