@@ -5,8 +5,12 @@ integration (:func:`apply`, :func:`remove`) is imported lazily so that ``import 
 needs neither diffusers nor transformers.
 """
 
-from .api import attention
-from .recipe import PRESETS, Recipe, get_recipe
+from .notices import filter_known_noise
+
+filter_known_noise()  # other packages' import-time notes that say nothing about the user's work (notices.py)
+
+from .api import attention  # noqa: E402
+from .recipe import PRESETS, Recipe, get_recipe  # noqa: E402
 
 __version__ = "0.1.0"
 __all__ = ["attention", "Recipe", "PRESETS", "get_recipe", "apply", "remove", "__version__"]

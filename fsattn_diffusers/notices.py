@@ -10,6 +10,10 @@
   printed) whose import-time messages are not about the user's command (torchao's C++ extensions that do not load on a CPU-only or
   other-version torch, torch's pytree deprecation notes about torchao's enums, diffusers' note that
   torchao's tensor classes could not be imported); :func:`import_report` says what they reported.
+* :func:`filter_known_noise` (installed by ``import fsattn_diffusers``, so API scripts and the ``measure``
+  modules get it too) drops, for the whole process, only the WARNING records of :data:`KNOWN_NOISE`: those
+  import-time notes, and diffusers' context-parallel note that Wan's 1-D timestep is not split (it is not
+  meant to be). Other records of those loggers, and every other logger, are untouched.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ from __future__ import annotations
 import contextlib
 import importlib
 import logging
+import re
 import sys
 import warnings
 from typing import Dict, Iterator, List, Optional, Tuple
@@ -26,6 +31,44 @@ _LIBRARY_ROOTS = frozenset({"fsattn_diffusers", "torch", "diffusers", "transform
                             "tqdm", "contextlib", "functools", "runpy", "importlib", "threading"})
 #: Loggers whose WARNING records at import time are noise for our commands (not ours, not the user's).
 THIRD_PARTY_LOGGERS = ("torchao", "torch.utils._pytree", "diffusers.quantizers.torchao.torchao_quantizer")
+
+
+#: (logger, message pattern) of the WARNING records that :func:`filter_known_noise` drops.
+KNOWN_NOISE = (
+    ("torchao", r"Failed to load \S+\.(so|pyd|dll)\b"),  # C++ extensions built for another torch / CUDA
+    ("torch.utils._pytree", r"is an Enum subclass and is now natively supported by torch\.compile"),
+    ("diffusers.quantizers.torchao.torchao_quantizer", r"Unable to import `torchao` Tensor objects"),
+    ("diffusers.hooks.context_parallel",
+     r"Expected input tensor to have 2 dimensions, but got 1 dimensions, split will not be applied"),
+)
+
+
+class _KnownNoise(logging.Filter):
+    """Drops the WARNING records of one logger whose message matches one of ``patterns``."""
+
+    def __init__(self, patterns):
+        super().__init__()
+        self.patterns = [re.compile(p) for p in patterns]
+
+    def filter(self, record):
+        if _COLLECTING[0] or record.levelno != logging.WARNING:
+            return True
+        message = record.getMessage()
+        return not any(p.search(message) for p in self.patterns)
+
+
+_COLLECTING = [0]  # > 0 while quiet_third_party collects: then the records go to its report instead
+
+
+def filter_known_noise() -> None:
+    """Install the :data:`KNOWN_NOISE` filters on their loggers (once per process; later calls do nothing)."""
+    by_logger: Dict[str, List[str]] = {}
+    for name, pattern in KNOWN_NOISE:
+        by_logger.setdefault(name, []).append(pattern)
+    for name, patterns in by_logger.items():
+        logger = logging.getLogger(name)
+        if not any(isinstance(f, _KnownNoise) for f in logger.filters):
+            logger.addFilter(_KnownNoise(patterns))
 
 
 class FSAttnWarning(RuntimeWarning):
@@ -127,9 +170,11 @@ def quiet_third_party(collect: Optional[List[Tuple[str, str]]] = None) -> Iterat
         logger.setLevel(logging.WARNING)
         logger.propagate = False  # records go to our collector only
         logger.addHandler(handler)
+    _COLLECTING[0] += 1
     try:
         yield
     finally:
+        _COLLECTING[0] -= 1
         for name, (level, propagate) in saved.items():
             logger = logging.getLogger(name)
             logger.removeHandler(handler)

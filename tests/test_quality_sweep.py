@@ -89,7 +89,8 @@ def test_sweep_writes_every_output(swept):
     with open(os.path.join(out, "results.json")) as fh:
         data = json.load(fh, parse_constant=lambda c: pytest.fail(f"non-JSON constant {c}"))
     assert len(data["rows"]) == 3 and len(data["means"]) == 3
-    assert data["rows"][0]["frames"]["index"] == [0, 2, 4] and data["rows"][0]["frames"]["psnr_db"] == ["inf"] * 3
+    frames = data["rows"][0]["frames"]
+    assert frames["index"] == [0, 2, 4] and frames["psnr_db"] == [None] * 3  # identical frames: null, never "inf"
     report = open(os.path.join(out, "report.md")).read()
     for needle in ("quality_vs_time.png", "psnr_per_frame.png", "grid_p00.png", "| hybrid |", "| inf |"):
         assert needle in report, needle

@@ -30,9 +30,11 @@ def test_cli_sensitivity_end_to_end(tmp_path, capsys):
     out = str(tmp_path / "sens")
     rc = cli.main(["sensitivity", "--prompt", PROMPT, "--interventions", "exact,top:0.5,grid:4:4,scale:0.8",
                    "--rows", "8", "--no-lpips", "--no-warmup", "--every", "2", "--out", out] + SMALL_ARGS)
-    printed = capsys.readouterr().out
+    captured = capsys.readouterr()
+    printed = captured.out
     print(printed)
     assert rc == 0 and "sensitivity.md" in printed
+    assert "5/5" in captured.err and "0/1" not in captured.err  # one bar over bf16 + 4 interventions
     for name in ("sensitivity.md", "sensitivity.csv", "sensitivity.json", "damage_vs_jsd.png", "results.csv",
                  "report.md", "grid_p00.png"):
         assert os.path.isfile(os.path.join(out, name)), name

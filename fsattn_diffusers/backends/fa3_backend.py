@@ -70,8 +70,12 @@ def fa3_missing() -> Optional[str]:
 def require_fa3(policy: str) -> None:
     """Raise a one-line ValueError when the ``policy`` (``fa3``/``fa3-fp8``) cannot import FA3."""
     why = fa3_missing()
-    if why is not None:
-        raise ValueError(f"{policy} policy needs the fa3-fwd package ({INSTALL_HINT}); {why}")
+    if why is None:
+        return
+    if not torch.cuda.is_available() or getattr(torch.version, "hip", None):
+        raise ValueError(f"{policy} policy runs FlashAttention-3, which needs an NVIDIA GPU (sm_90) and the fa3-fwd "
+                         f"package; this machine has no CUDA device, so installing fa3-fwd will not help")
+    raise ValueError(f"{policy} policy needs the fa3-fwd package ({INSTALL_HINT}); {why}")
 
 
 def _available(device):

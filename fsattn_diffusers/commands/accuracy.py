@@ -4,6 +4,7 @@ structured-input suite (``--suite structured``: every input family against exact
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -167,7 +168,8 @@ def _run_suite(args, meta) -> int:
     with tqdm(desc="structured suite", unit="cell", file=sys.stderr) as bar:  # files rewritten after every case
         result = run_suite(shape[:3], head_dims, dtypes, families, recipes, args.seeds, str(device), args.backend,
                            query_rows, args.numerics, external=not args.no_external,
-                           progress=lambda *a: bar.update(1), on_case=lambda partial: write(partial, False))
+                           progress=lambda *a: bar.update(1), on_case=lambda partial: write(partial, False),
+                           on_total=lambda n: bar.reset(total=n))
     payload = write(result, True)
     print(text_table(result))
     print(checks_text(payload["checks"]))
@@ -175,7 +177,7 @@ def _run_suite(args, meta) -> int:
         print(f"note: {note}")
     for path in (args.json_path, args.markdown_path):
         if path:
-            print(f"wrote {path}")
+            print(f"wrote {os.path.abspath(path)}")
     return 0
 
 
@@ -232,7 +234,7 @@ def run(args) -> int:
         _print_table8(rows)
         payload = {"table": 8, "meta": meta, "rows": rows}
     else:
-        from ..measure.accuracy_tables import TABLE4_COLUMNS, table4
+        from ..measure.accuracy_tables import TABLE4_COLUMNS, table4, table4_setting_note
 
         shape = _parse_shape(args.shape or "1,2,4096,128")
         if args.seeds < 1:
@@ -251,9 +253,13 @@ def run(args) -> int:
         with tqdm(total=total, desc="table 4", unit="cell", file=sys.stderr) as bar:
             rows = table4(shape, args.seeds, str(device), args.query_rows, progress=lambda *a: bar.update(1))
         _print_table4(rows, TABLE4_COLUMNS)
+        note = table4_setting_note(shape, args.seeds, args.query_rows)
+        if note:
+            print(note)
+        meta["differs_from_paper"] = note
         payload = {"table": 4, "meta": meta, "rows": rows}
     if args.json_path:
         with open(args.json_path, "w") as fh:
             json.dump(payload, fh, indent=1)
-        print(f"wrote {args.json_path}")
+        print(f"wrote {os.path.abspath(args.json_path)}")
     return 0

@@ -86,5 +86,5 @@ def run(args) -> int:
     files = dict(write_capture_outputs(captured, args.out, meta), video=captured.video)
     with open(files["summary"], encoding="utf-8") as fh:
         print(fh.read().split("\n![", 1)[0].rstrip())
-    print(f"wrote {', '.join(os.path.relpath(p) for p in files.values())}")
+    print(f"wrote {', '.join(os.path.abspath(p) for p in files.values())}")
     return 0

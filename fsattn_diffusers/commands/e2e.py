@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import platform
 import sys
 import time
@@ -138,7 +139,7 @@ def run(args) -> int:
           "times; hybrid = measured over a real run.")
     for path in (args.json_path, args.md_path):
         if path:
-            print(f"wrote {path}")
+            print(f"wrote {os.path.abspath(path)}")
     return 0
 
 

@@ -26,11 +26,12 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None,
                    help="diffusers pipeline directory or Hub id (Wan2.1, Wan2.2, HunyuanVideo); "
                         "default: the embedded tiny smoke model")
+    from ..integration.policy import policy_names
+
     p.add_argument("--policy", default="hybrid",
-                   help="bf16 | mxfp8 | mxfp6 | mxfp4 | hybrid | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' | "
-                        "fa3 | fa3-fp8 (FlashAttention-3, the fa3-fwd package) | sage (SageAttention through "
-                        "diffusers' set_attention_backend('sage'); Wan; needs SageAttention 2) "
-                        "(default: %(default)s)")
+                   help=f"{' | '.join(policy_names())} | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' "
+                        "(default: %(default)s; fa3 and fa3-fp8 need an NVIDIA GPU and the fa3-fwd package; "
+                        "sage (SageAttention through diffusers' set_attention_backend('sage'); Wan only))")
     p.add_argument("--backend", default="auto", help="attention backend: auto, triton, aiter, emulator")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; smoke: 20)")
     p.add_argument("--frames", type=int, default=None, help="frames, 4k+1 (default: the model's; smoke: 17)")
@@ -144,6 +145,4 @@ def _run(args, policy, device, dtype) -> int:
     print(f"per-step attention (policy {policy.name}; bf16 = stock diffusers attention):")
     for line in result.summary:
         print(f"  {line}")
-    if args.model is None:
-        print(f"note: {SMOKE_NOTE}")
     return 0

@@ -52,9 +52,10 @@ def add_arguments(p) -> None:
     p.add_argument("--attention-only", action="store_true",
                    help="one forward of a random-weight transformer (--model-size): per-call diagnostics and "
                         "attention-output error of each intervention; --frames/--height/--width set the tokens "
-                        "(default 81 x 720x1280)")
+                        "(default: wan22 81 x 720x1280, tiny 17 x 256x256)")
     p.add_argument("--model-size", choices=MODEL_SIZES, default="wan22",
-                   help="--attention-only: wan22 = Wan2.2-T2V-A14B (one expert), tiny = 2-layer CPU check")
+                   help="--attention-only: wan22 = Wan2.2-T2V-A14B (one expert), tiny = 2-layer CPU check "
+                        "(1,280 tokens by default)")
     p.add_argument("--layers", type=int, default=None, help="--attention-only: override the layer count")
     p.add_argument("--timestep", type=float, default=999.0, help="--attention-only: timestep of the forward")
     p.add_argument("--out", default=DEFAULT_OUT, help="output folder (default: %(default)s)")
@@ -95,7 +96,7 @@ def _prompts(args):
 def _attention_only(args, ivs) -> int:
     import torch
 
-    from ..measure.sensitivity_attention import run_attention_only, write_attention_outputs
+    from ..measure.sensitivity_attention import DEFAULT_SHAPES, run_attention_only, write_attention_outputs
 
     if args.model is not None:
         raise UsageError("--attention-only builds a random-weight transformer (--model-size); drop --model")
@@ -108,16 +109,17 @@ def _attention_only(args, ivs) -> int:
         raise UsageError(f"--device {device!r} is not usable here ({str(exc).splitlines()[0]})") from None
     dtype = {"auto": torch.bfloat16 if device.startswith("cuda") else torch.float32}.get(args.dtype) or \
         getattr(torch, args.dtype)
-    print(f"fsattn sensitivity: attention only, {args.model_size}, {len(ivs)} interventions on {device} "
-          f"-> {args.out}", file=sys.stderr)
-    result = run_attention_only(ivs, model_size=args.model_size, frames=args.frames or 81, height=args.height or 720,
-                                width=args.width or 1280, layers=args.layers, rows=args.rows or 256,
-                                sample_seed=args.sample_seed, timestep=args.timestep, device=device, dtype=dtype,
-                                seed=args.seed)
+    frames, height, width = (d if v is None else v for v, d in
+                             zip((args.frames, args.height, args.width), DEFAULT_SHAPES[args.model_size]))
+    print(f"fsattn sensitivity: attention only, {args.model_size} at {frames} x {width}x{height}, {len(ivs)} "
+          f"interventions on {device} -> {args.out}", file=sys.stderr)
+    result = run_attention_only(ivs, model_size=args.model_size, frames=frames, height=height, width=width,
+                                layers=args.layers, rows=args.rows or 256, sample_seed=args.sample_seed,
+                                timestep=args.timestep, device=device, dtype=dtype, seed=args.seed, progress=True)
     files = write_attention_outputs(result, args.out)
     with open(files["report"], encoding="utf-8") as fh:
         print(fh.read())
-    print(f"wrote {', '.join(os.path.relpath(p) for p in files.values())}")
+    print(f"wrote {', '.join(os.path.abspath(p) for p in files.values())}")
     return 0
 
 

@@ -1,7 +1,7 @@
 """``fsattn sweep``: quality (PSNR / SSIM / LPIPS against bf16) and speed of attention policies.
 
 Every prompt runs under every policy from the same seed and initial latent; outputs in ``--out``:
-results.csv, results.json, quality_vs_time.png, psnr_per_frame.png, grid_<prompt>.png, report.md and
+results.csv, results.json, quality_vs_time.png, psnr_per_frame.png, grid_p00.png (one per prompt), report.md and
 the videos. Re-running reuses finished videos. Exit code 1 when a video failed (the others' results
 are still written).
 """

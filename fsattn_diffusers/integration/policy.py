@@ -46,10 +46,14 @@ def entry_name(entry: Entry) -> str:
     return "bf16" if entry is None else entry.name
 
 
-def _accepted() -> str:
-    names = ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"] + list(BASELINE_POLICIES) + \
+def policy_names() -> list:
+    """Every policy name :func:`get_policy` accepts (besides schedules and mappings), in display order."""
+    return ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"] + list(BASELINE_POLICIES) + \
         list(DIFFUSERS_BACKEND_POLICIES)
-    return f"{', '.join(names)}, a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3', or {{ends, middle, n_ends}}"
+
+
+def _accepted() -> str:
+    return f"{', '.join(policy_names())}, a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3', or {{ends, middle, n_ends}}"
 
 
 def parse_entry(spec) -> Entry:

@@ -57,6 +57,8 @@ def table8() -> List[Dict]:
     return rows
 
 
+#: The shape (B, H, S, D) and seed count of the paper's Table 4.
+PAPER_TABLE4_SHAPE, PAPER_TABLE4_SEEDS = (1, 24, 32768, 128), 10
 # Paper Table 4 (b=1, h=24, s=32768, d=128, ten seeds): row -> column -> (err %, cos).
 PAPER_TABLE4 = {
     "conventional": {"bf16": (0.0, 1.0), "mxfp8": (5.39, 0.99855), "mxfp6": (6.17, 0.99810), "mxfp4": (20.45, 0.97890)},
@@ -88,7 +90,23 @@ def table4_recipe(row: str, column: str) -> Recipe:
     return paper_preset(column).replace(name=f"{column}:{row}", **TABLE4_ROWS[row])
 
 
-def table4(shape: Sequence[int] = (1, 24, 32768, 128), seeds: int = 10, device: str = "cpu",
+def table4_setting_note(shape: Sequence[int], seeds: int, query_rows: Optional[int] = None) -> Optional[str]:
+    """One line saying how a Table 4 run differs from the paper's setting (``None`` when it does not)."""
+    paper = "x".join(map(str, PAPER_TABLE4_SHAPE))
+    diffs = []
+    if tuple(int(x) for x in shape) != PAPER_TABLE4_SHAPE:
+        diffs.append(f"shape {'x'.join(map(str, shape))} (paper: {paper})")
+    if seeds != PAPER_TABLE4_SEEDS:
+        diffs.append(f"{seeds} seed{'s' if seeds != 1 else ''} (paper: {PAPER_TABLE4_SEEDS})")
+    if query_rows is not None and query_rows < int(shape[2]):
+        diffs.append(f"{query_rows} sampled query rows (paper: all)")
+    if not diffs:
+        return None
+    return (f"note: ours differ from the paper's setting: {', '.join(diffs)}; for its setting: "
+            f"--shape {','.join(map(str, PAPER_TABLE4_SHAPE))} --seeds {PAPER_TABLE4_SEEDS}")
+
+
+def table4(shape: Sequence[int] = PAPER_TABLE4_SHAPE, seeds: int = PAPER_TABLE4_SEEDS, device: str = "cpu",
            query_rows: Optional[int] = None, rows: Sequence[str] = tuple(TABLE4_ROWS),
            columns: Sequence[str] = TABLE4_COLUMNS, progress=None) -> List[Dict]:
     """Component ablation on standard-normal inputs, against BF16 attention with the conventional softmax.

@@ -72,7 +72,9 @@ def build_transformer(spec: ModelSpec, device, dtype=torch.bfloat16, seed: int =
     torch.manual_seed(seed)
     with torch.device(device):
         model = cls(**spec.config)
-    model = model.to(dtype=dtype).eval().requires_grad_(False)
+    # nn.Module.to, not diffusers' override: its "should be kept in float32" note is about from_pretrained, and the
+    # loop below keeps those modules in float32 as from_pretrained does
+    model = torch.nn.Module.to(model, dtype=dtype).eval().requires_grad_(False)
     for name, module in model.named_modules():  # as from_pretrained(torch_dtype=bf16) does
         if any(keep in name.split(".") for keep in (model._keep_in_fp32_modules or [])):
             module.float()

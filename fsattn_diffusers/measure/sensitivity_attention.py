@@ -29,14 +29,17 @@ ATTENTION_BACKEND = "fsattn-sensitivity-attention"
 MODEL_SIZES = ("wan22", "tiny")
 #: The tiny CPU configuration (same architecture, small widths).
 TINY_SCALE = dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=256, num_layers=2, text_dim=64)
+#: Default (frames, height, width) per model size: the paper's 81 x 720x1280 (75,600 tokens) for wan22; for tiny,
+#: 17 x 256x256 (1,280 tokens), a few seconds on a CPU.
+DEFAULT_SHAPES = {"wan22": (81, 720, 1280), "tiny": (17, 256, 256)}
 ATTN_JSON, ATTN_MD = "attention.json", "attention.md"
 #: Per-intervention summary columns: each diagnostic's mean over calls, and the maximum output error.
 SUMMARY_FIELDS = FIELDS + ("max_out_rel_err",)
 
 
 class _Observer:
-    def __init__(self, model, interventions, rows: int, seed: int):
-        self.model, self.ivs, self.rows, self.seed = model, interventions, rows, seed
+    def __init__(self, model, interventions, rows: int, seed: int, bar=None):
+        self.model, self.ivs, self.rows, self.seed, self.bar = model, interventions, rows, seed, bar
         self.calls: List[Dict] = []
         self.seconds = 0.0
 
@@ -60,6 +63,8 @@ class _Observer:
         if q.is_cuda:
             torch.cuda.synchronize()
         self.seconds += time.perf_counter() - t0
+        if self.bar is not None:
+            self.bar.update(1)
         return out.to(q.dtype), None, None
 
 
@@ -93,10 +98,14 @@ def summarize(calls: List[Dict], labels: Sequence[str]) -> Dict[str, Dict[str, f
     return out
 
 
-def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", frames: int = 81, height: int = 720,
-                       width: int = 1280, layers: Optional[int] = None, rows: int = 256, sample_seed: int = 0,
-                       timestep: float = 999.0, device: str = "cuda", dtype=torch.bfloat16, seed: int = 0) -> Dict:
+def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", frames: Optional[int] = None,
+                       height: Optional[int] = None, width: Optional[int] = None, layers: Optional[int] = None,
+                       rows: int = 256, sample_seed: int = 0, timestep: float = 999.0, device: str = "cuda",
+                       dtype=torch.bfloat16, seed: int = 0, progress: bool = False) -> Dict:
     """One forward of the random-weight transformer with every self-attention call diagnosed.
+
+    ``frames``, ``height`` and ``width`` default to :data:`DEFAULT_SHAPES` of ``model_size``; with ``progress``,
+    a bar on stderr counts the self-attention calls of the forward (total and time left).
 
     Returns
     -------
@@ -112,6 +121,10 @@ def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", fr
     ivs = parse_interventions(interventions)
     if rows < 1:
         raise ValueError(f"rows={rows} is not supported; accepted: an int >= 1")
+    if model_size not in MODEL_SIZES:
+        raise ValueError(f"unknown model size {model_size!r}; accepted: {', '.join(MODEL_SIZES)}")
+    default = DEFAULT_SHAPES[model_size]
+    frames, height, width = (default[i] if v is None else v for i, v in enumerate((frames, height, width)))
     for name, value in (("height", height), ("width", width)):
         if value < 16 or value % 16:
             raise ValueError(f"{name} {value} is not a positive multiple of 16")
@@ -123,7 +136,11 @@ def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", fr
     model = e2e.build_transformer(spec, dev, dtype=dtype, seed=seed)
     inputs = e2e.make_inputs(spec, dev, dtype=dtype, seed=seed)
     build_s = time.perf_counter() - t0
-    observer = _Observer(model, ivs, rows, sample_seed)
+    from tqdm import tqdm
+
+    bar = tqdm(total=spec.config["num_layers"], desc="attention calls", unit="call", file=sys.stderr,
+               disable=not progress)
+    observer = _Observer(model, ivs, rows, sample_seed, bar)
     registered()
     register_backend(Backend(ATTENTION_BACKEND, observer, lambda d: None, lambda *a, **kw: None))
     try:
@@ -135,6 +152,7 @@ def run_attention_only(interventions: Sequence, *, model_size: str = "wan22", fr
             torch.cuda.synchronize()
         forward_s = time.perf_counter() - t1
     finally:
+        bar.close()
         remove(model)
         unregister_backend(ATTENTION_BACKEND)
     import diffusers
@@ -196,12 +214,12 @@ def attention_markdown(result: Dict) -> str:
 
 
 def write_attention_outputs(result: Dict, out: str) -> Dict[str, str]:
-    from ..quality.results import jsonable
+    from ..quality.results import json_numbers
 
     os.makedirs(out, exist_ok=True)
     files = {"json": os.path.join(out, ATTN_JSON), "report": os.path.join(out, ATTN_MD)}
     with open(files["json"], "w") as fh:
-        json.dump(jsonable(result), fh, indent=1, allow_nan=False, default=str)
+        json.dump(json_numbers(result), fh, indent=1, allow_nan=False, default=str)
     with open(files["report"], "w", encoding="utf-8") as fh:
         fh.write(attention_markdown(result))
     return files

@@ -162,7 +162,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
               recipes: Optional[Sequence] = None, seeds: int = 1, device: str = "cpu", backend: str = "auto",
               query_rows: Optional[int] = None, numerics: Optional[str] = None, conventional: bool = True,
               external: bool = True, exact_dtype: torch.dtype = torch.float64, progress=None,
-              on_case=None) -> Dict:
+              on_case=None, on_total=None) -> Dict:
     """Measure every (family, dtype, head dim) case; errors and cosines are averaged over seeds.
 
     Parameters
@@ -181,6 +181,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     conventional, external : include the conventional-softmax and the other-implementation columns.
     progress : optional callable ``progress(case_label, column)`` after every column.
     on_case : optional callable taking the result so far (same form as the return value) after every case.
+    on_total : optional callable taking the number of ``progress`` calls to come, once, before the first.
 
     Returns
     -------
@@ -259,6 +260,8 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
                 "computed_numerics": {name: _computed(ours.get(name)) for name in columns}}
 
     cases: List[Dict] = []
+    if on_total is not None:
+        on_total(len(dtypes) * len(head_dims) * len(families) * seeds * len(columns))
     for dt in dtypes:
         for d in head_dims:
             for fam in families:

@@ -14,7 +14,7 @@ from typing import Dict, List, Optional
 import numpy as np
 
 from .analysis import REFERENCE_RECIPE, RECIPE_FIELDS, badness
-from .results import csv_text, jsonable
+from .results import csv_text, json_numbers, jsonable
 
 CALLS_CSV, CALLS_JSON, SUMMARY_MD, ROLLBACK_PNG = "calls.csv", "calls.json", "summary.md", "rollback.png"
 WORST_FILE = "worst_calls.safetensors"
@@ -123,7 +123,7 @@ def write_worst(captured, path: str, meta: Dict) -> Optional[str]:
     """Save the kept worst calls as safetensors for ``fsattn accuracy --replay`` (None when none kept)."""
     if not captured.worst:
         return None
-    from safetensors.torch import save_file
+    from .store import save_safetensors
 
     tensors, calls = {}, []
     for key, n, item in sorted(captured.worst, reverse=True):
@@ -134,7 +134,7 @@ def write_worst(captured, path: str, meta: Dict) -> Optional[str]:
     header = {"format": REPLAY_FORMAT, "layout": "bhsd", "reference": dataclasses.asdict(REFERENCE_RECIPE),
               "recipes": [dataclasses.asdict(r) for r in captured.recipes], "backend": meta["backend"],
               "source": {k: meta[k] for k in ("prompt", "spec", "date")}, "calls": calls}
-    save_file(tensors, path, metadata={REPLAY_KEY: json.dumps(header)})
+    save_safetensors(tensors, path, metadata={REPLAY_KEY: json.dumps(header)})
     return path
 
 
@@ -156,7 +156,7 @@ def write_capture_outputs(captured, out: str, meta: Dict) -> Dict[str, str]:
                "reference": dataclasses.asdict(REFERENCE_RECIPE),
                "summary": recipe_summary(captured.rows, names), "calls": captured.rows}
     with open(files["json"], "w") as fh:
-        json.dump(jsonable(payload), fh, indent=1, allow_nan=False)
+        json.dump(json_numbers(payload), fh, indent=1, allow_nan=False)
     lines = summary_lines(captured, meta)
     try:
         from .plots import plot_rollback_heatmap

@@ -19,6 +19,9 @@ GRID_CELL_IN = 2.0
 DPI = 110
 #: Panels per row of the per-frame PSNR figure.
 PANELS_PER_ROW = 3
+#: Series colours: matplotlib's tab20 (20 distinct colours; past 20 the marker changes too).
+SERIES_CMAP = "tab20"
+SERIES_MARKERS = ("o", "s", "^", "D", "v", "P", "X", "*")
 
 
 def need_matplotlib():
@@ -37,6 +40,27 @@ def _figure(width: float, height: float):
     fig = Figure(figsize=(width, height), dpi=DPI)
     Canvas(fig)
     return fig
+
+
+def series_styles(labels: Sequence[str]) -> Dict[str, Tuple[tuple, str]]:
+    """``{label: (RGBA colour, marker)}``: a distinct colour per label from :data:`SERIES_CMAP`, in order, and
+    a different marker for each further run of 20 labels, so no two labels share both."""
+    from matplotlib import colormaps
+
+    cmap = colormaps[SERIES_CMAP]
+    # tab20 holds 10 hues in dark/light pairs: the 10 dark ones first, so up to 10 series differ in hue
+    order = list(range(0, cmap.N, 2)) + list(range(1, cmap.N, 2))
+    out = {}
+    for i, label in enumerate(dict.fromkeys(labels)):
+        out[label] = (tuple(cmap(order[i % cmap.N])), SERIES_MARKERS[(i // cmap.N) % len(SERIES_MARKERS)])
+    return out
+
+
+def _legend_beside(fig, handles, labels) -> None:
+    """One legend for the whole figure, to the right of every panel (never over a curve)."""
+    if handles:
+        fig.legend(handles, labels, loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=7, frameon=False,
+                   ncol=1 if len(labels) <= 24 else 2)
 
 
 def _finite(value) -> bool:
@@ -89,12 +113,15 @@ def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) ->
         metrics.append(("lpips", "LPIPS vs bf16 (lower is better)"))
     fig = _figure(4.2 * len(metrics), 3.6)
     ref = next((m for m in means if m["policy"] == "bf16"), None)
+    styles = series_styles([m["policy"] for m in means if m["policy"] != "bf16"])
+    legend = {}
     for i, (key, title) in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
         points = [(m["policy"], m.get("step_s"), m.get(key)) for m in means if m["policy"] != "bf16"]
         points = [(label, x, y) for label, x, y in points if _finite(x) and _finite(y)]
-        for _, x, y in points:
-            ax.scatter([x], [y], s=36)
+        for label, x, y in points:
+            color, marker = styles[label]
+            legend.setdefault(label, ax.scatter([x], [y], s=36, color=[color], marker=marker, label=label))
         for labels, x, y, row in label_groups(points):
             # coincident points share one label; labels of nearby points go on separate rows
             ax.annotate(", ".join(labels), (x, y), textcoords="offset points", xytext=(4, 4 - 10 * row), fontsize=8)
@@ -102,12 +129,14 @@ def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) ->
             ax.axvline(ref["step_s"], color="0.4", linestyle="--", linewidth=1)
             ax.annotate("bf16 (reference)", (ref["step_s"], 0.02), xycoords=("data", "axes fraction"),
                         rotation=90, fontsize=7, color="0.3", xytext=(3, 0), textcoords="offset points")
+        ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
         ax.set_xlabel("time per denoising step (s)")
         ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_title(title, fontsize=9)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
-    fig.savefig(path)
+    _legend_beside(fig, list(legend.values()), list(legend))
+    fig.savefig(path, bbox_inches="tight")
     return path
 
 
@@ -123,13 +152,18 @@ def plot_psnr_per_frame(curves: Dict[str, Dict[str, tuple]], path: str) -> str:
     cols = max(1, min(PANELS_PER_ROW, len(panels)))
     rows = max(1, math.ceil(len(panels) / cols))
     fig = _figure(4.2 * cols, 3.2 * rows)
+    styles = series_styles([policy for pid in panels for policy in curves[pid]])
+    legend = {}
     for n, pid in enumerate(panels):
         ax = fig.add_subplot(rows, cols, n + 1)
         top = blended_transform_factory(ax.transData, ax.transAxes)
         for policy, (idx, values) in curves[pid].items():
             pts = [(i, v) for i, v in zip(idx, values) if _finite(v)]
             infs = [i for i, v in zip(idx, values) if not _finite(v)]
-            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker="o", markersize=3, label=policy)[0]
+            color, marker = styles[policy]
+            line = ax.plot([p[0] for p in pts], [p[1] for p in pts], marker=marker, markersize=3, label=policy,
+                           color=color)[0]
+            legend.setdefault(policy, line)
             if infs:
                 ax.plot(infs, [1.0] * len(infs), linestyle="none", marker="^", markersize=6, clip_on=False,
                         color=line.get_color(), transform=top)
@@ -138,11 +172,11 @@ def plot_psnr_per_frame(curves: Dict[str, Dict[str, tuple]], path: str) -> str:
         ax.set_xlabel("frame")
         ax.set_ylabel("PSNR vs bf16 (dB)")
         ax.grid(True, alpha=0.3)
-        ax.legend(fontsize=7)
     if not panels:
         fig.text(0.5, 0.5, "no video could be compared with bf16", ha="center")
     fig.tight_layout()
-    fig.savefig(path)
+    _legend_beside(fig, list(legend.values()), list(legend))
+    fig.savefig(path, bbox_inches="tight")
     return path
 
 
@@ -182,22 +216,29 @@ def plot_frame_grid(rows: List[tuple], columns: Sequence[int], path: str, title:
 
 
 def plot_rollback_heatmap(grids: Dict[str, np.ndarray], layers: List[str], steps: List[int], path: str) -> str:
-    """One heatmap per recipe: ``grids[recipe][layer, step]`` = rollback rate (NaN = no call)."""
+    """One heatmap per recipe, stacked: ``grids[recipe][layer, step]`` = rollback rate (NaN = no call).
+
+    Each panel is at most 11 inches wide whatever the step count, and at least 1.8 inches high per recipe.
+    """
     names = list(grids)
-    fig = _figure(max(4.0, 0.35 * len(steps) + 2.5) * len(names), max(2.5, 0.25 * len(layers) + 1.5))
+    width = min(11.0, max(5.0, 0.3 * len(steps) + 3.5))
+    panel_h = max(1.8, 0.22 * len(layers) + 1.2)
+    fig = _figure(width, panel_h * max(1, len(names)) + 0.4)
+    tick_every = max(1, math.ceil(len(steps) / 40))
     for n, name in enumerate(names):
-        ax = fig.add_subplot(1, len(names), n + 1)
+        ax = fig.add_subplot(max(1, len(names)), 1, n + 1)
         data = np.ma.masked_invalid(grids[name])
         top = float(np.nanmax(grids[name])) if np.isfinite(grids[name]).any() else 0.0
         im = ax.imshow(data, aspect="auto", interpolation="nearest", cmap="viridis", vmin=0.0,
                        vmax=top if top > 0 else 1.0)
         ax.set_title(f"{name}: rollback rate (max {top:.3g})", fontsize=9)
-        ax.set_xlabel("denoising step")
-        ax.set_xticks(range(len(steps)))
-        ax.set_xticklabels([str(s) for s in steps], fontsize=7)
+        ax.set_xlabel("denoising step", fontsize=8)
+        ticks = list(range(0, len(steps), tick_every))
+        ax.set_xticks(ticks)
+        ax.set_xticklabels([str(steps[t]) for t in ticks], fontsize=7)
         ax.set_yticks(range(len(layers)))
-        ax.set_yticklabels(layers if n == 0 else [""] * len(layers), fontsize=6)
-        fig.colorbar(im, ax=ax, fraction=0.046, pad=0.04)
+        ax.set_yticklabels(layers, fontsize=6)
+        fig.colorbar(im, ax=ax, fraction=0.03, pad=0.02)
     if any(np.isnan(g).any() for g in grids.values()):
         fig.suptitle("blank cells: no call of that layer at that step (e.g. the other Wan2.2 expert ran)", fontsize=8)
     fig.tight_layout()

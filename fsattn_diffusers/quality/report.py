@@ -8,7 +8,7 @@ import platform
 import time
 from typing import Dict, List
 
-from .results import format_metric, jsonable, policy_means, video_rows, write_csv
+from .results import format_metric, json_numbers, policy_means, video_rows, write_csv
 from .store import relpath
 
 RESULTS_CSV, RESULTS_JSON, REPORT_MD = "results.csv", "results.json", "report.md"
@@ -99,7 +99,7 @@ def write_outputs(result, store, grid_frames: int = 4) -> Dict[str, str]:
             "prompts": [{"id": pid, "prompt": p} for pid, p in result.prompts],
             "policies": [it.label for it in result.policies], "schedules": _schedules(result)}
     with open(files["json"], "w") as fh:
-        json.dump(jsonable({"meta": meta, "rows": rows, "means": means}), fh, indent=1, allow_nan=False)
+        json.dump(json_numbers({"meta": meta, "rows": rows, "means": means}), fh, indent=1, allow_nan=False)
     files["report"] = os.path.join(result.out, REPORT_MD)
     with open(files["report"], "w", encoding="utf-8") as fh:
         fh.write(report_markdown(result, rows, means, files, plot_note))

@@ -1,8 +1,10 @@
 """Sweep results as tables: one row per prompt x policy plus per-policy means; CSV and JSON.
 
-Conventions (CSV and JSON alike): an infinite PSNR is the string ``"inf"``; LPIPS that could not be
-computed is ``"unavailable"`` (never 0, never blank); metrics of a failed video are empty with
-``status`` ``failed`` and the error in ``error``.
+Conventions: in CSV and Markdown an infinite PSNR (frames identical to bf16's) is ``inf``; in the JSON
+outputs (results.json, sensitivity.json, attention.json, calls.json) every number is a JSON number or
+``null``: a non-finite value is ``null`` (:func:`json_numbers`), so an ``ok`` row with ``"psnr_db": null``
+is identical to bf16. LPIPS that could not be computed is ``"unavailable"`` (never 0, never blank); metrics of
+a failed video are empty (``null``) with ``status`` ``failed`` and the error in ``error``.
 """
 
 from __future__ import annotations
@@ -20,7 +22,8 @@ MEAN_ID = "mean"
 
 
 def jsonable(value):
-    """JSON-safe copy: infinities and NaN become the strings ``"inf"``, ``"-inf"``, ``"nan"``."""
+    """JSON-safe copy for caches read back by :func:`from_json`: infinities and NaN become the strings
+    ``"inf"``, ``"-inf"``, ``"nan"`` (the output files use :func:`json_numbers`)."""
     if isinstance(value, float):
         if math.isnan(value):
             return "nan"
@@ -31,6 +34,18 @@ def jsonable(value):
         return {k: jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
         return [jsonable(v) for v in value]
+    return value
+
+
+def json_numbers(value):
+    """Copy for the JSON output files: infinities and NaN become ``None`` (JSON ``null``), so every number
+    field is a number or ``null`` (standard JSON; Python's ``Infinity`` is not)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: json_numbers(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [json_numbers(v) for v in value]
     return value
 
 

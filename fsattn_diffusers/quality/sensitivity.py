@@ -251,14 +251,11 @@ def run_sensitivity(pipe, spec, prompts: Sequence[str], interventions: Sequence,
     backend = _Backend(pipe, ivs, layers, rows, sample_seed)
     registered()
     register_backend(Backend(SENSITIVITY_BACKEND, backend, lambda device: None, lambda *a, **kw: None))
-    rows_out = []
+    def before_each(pid, item):
+        backend.current = (pid, item.label)
+
     try:
-        for pid, prompt in named:
-            for item in items:
-                backend.current = (pid, item.label)
-                got = generate_all(pipe, spec, [(pid, prompt)], [item], store, indices, progress, warmup)
-                warmup = warmup and not any(not r.reused for r in got)
-                rows_out += got
+        rows_out = generate_all(pipe, spec, named, items, store, indices, progress, warmup, before_each=before_each)
     finally:
         unregister_backend(SENSITIVITY_BACKEND)
     compare_all(rows_out, store, items, indices, lpips)

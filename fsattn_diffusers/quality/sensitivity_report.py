@@ -14,7 +14,7 @@ import time
 from typing import Dict, List
 
 from .diagnostics import FIELDS
-from .results import csv_text, jsonable
+from .results import csv_text, json_numbers
 
 SENS_CSV, SENS_JSON, SENS_MD, DAMAGE_PNG = "sensitivity.csv", "sensitivity.json", "sensitivity.md", "damage_vs_jsd.png"
 #: Columns of sensitivity.csv (video metrics are means over prompts; diagnostics are means of the videos').
@@ -112,7 +112,7 @@ def write_sensitivity_outputs(result, table: List[Dict], per_video: Dict[tuple, 
             "prompts": [{"id": pid, "prompt": p} for pid, p in result.prompts], "plots_note": plot_note}
     videos = [{"prompt_id": pid, "intervention": label, **v} for (pid, label), v in per_video.items()]
     with open(files["sens_json"], "w") as fh:
-        json.dump(jsonable({"meta": meta, "table": table, "videos": videos}), fh, indent=1, allow_nan=False)
+        json.dump(json_numbers({"meta": meta, "table": table, "videos": videos}), fh, indent=1, allow_nan=False)
     with open(files["sens_report"], "w", encoding="utf-8") as fh:
         fh.write(_markdown(result, table, meta, files, plot_note))
     return files

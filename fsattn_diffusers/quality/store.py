@@ -31,6 +31,18 @@ def slug(text: str) -> str:
     return _SLUG.sub("_", out).strip("_") or "policy"
 
 
+def save_safetensors(tensors: dict, path: str, metadata: dict) -> str:
+    """``safetensors.torch.save_file``, then the file mode every other output gets (``0o666`` less the umask:
+    safetensors writes through a private temporary file, mode 0600)."""
+    from safetensors.torch import save_file
+
+    save_file(tensors, path, metadata=metadata)
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(path, 0o666 & ~umask)
+    return path
+
+
 def write_json_atomic(path: str, payload) -> None:
     tmp = path + ".tmp"
     with open(tmp, "w") as fh:
@@ -106,11 +118,9 @@ class VideoStore:
             return fh.get_tensor("latent")
 
     def save_latent(self, prompt_id: str, key: dict, latent: torch.Tensor) -> None:
-        from safetensors.torch import save_file
-
         path = self.latent_path(prompt_id)
         os.makedirs(os.path.dirname(path), exist_ok=True)
-        save_file({"latent": latent.contiguous()}, path, metadata={"key": json.dumps(key, sort_keys=True)})
+        save_safetensors({"latent": latent.contiguous()}, path, metadata={"key": json.dumps(key, sort_keys=True)})
 
 
 def relpath(path: str, start: str) -> str:

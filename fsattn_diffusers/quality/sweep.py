@@ -184,10 +184,12 @@ def warm_up(pipe, spec: VideoSpec, prompt: str, store: VideoStore) -> None:
 
 def generate_all(pipe, spec: VideoSpec, prompts: List[Tuple[str, str]], policies: List[PolicyItem],
                  store: VideoStore, indices: List[int], progress: bool = True,
-                 warmup: bool = True) -> List[VideoRow]:
+                 warmup: bool = True, before_each=None) -> List[VideoRow]:
     """Every prompt x policy, reusing finished videos; failures become rows with ``status="failed"``.
 
     With ``warmup``, one untimed 1-step bf16 run precedes the first video that is generated.
+    ``before_each(prompt_id, item)``, when given, is called before each video (reused or generated); one
+    progress bar counts every video.
     """
     from tqdm import tqdm
 
@@ -199,6 +201,8 @@ def generate_all(pipe, spec: VideoSpec, prompts: List[Tuple[str, str]], policies
         for pid, prompt in prompts:
             latent = store.load_latent(pid, latent_key)
             for item in policies:
+                if before_each is not None:
+                    before_each(pid, item)
                 bar.set_postfix_str(f"{pid} {item.label}")
                 key = dict(spec.key(), prompt=prompt, policy=item.label)
                 record = store.reusable(pid, item.slug, key, indices)
@@ -211,6 +215,7 @@ def generate_all(pipe, spec: VideoSpec, prompts: List[Tuple[str, str]], policies
                         warmup = False
                         bar.set_postfix_str("warm-up (1 step, bf16, untimed)")
                         warm_up(pipe, spec, prompt, store)
+                        bar.set_postfix_str(f"{pid} {item.label}")
                     row, used = _generate(pipe, store, spec, pid, prompt, item, latent, indices, progress)
                 except Exception as exc:  # a failing policy must not lose the others' results
                     row, used = VideoRow(pid, prompt, item.label, "failed", error=_one_line_error(exc)), None
