@@ -18,7 +18,7 @@ from fsattn_diffusers.integration.policy import entry_name
 from fsattn_diffusers.parallel import XDiTAttention, install, merge_by_lse
 from fsattn_diffusers.pipelines.xdit_video import split_argv, xdit_argv
 
-RECIPES = ["exact", "bf16", "mxfp8", "mxfp6", "mxfp4"]
+RECIPES = ["exact", "bf16-emulated", "mxfp8", "mxfp6", "mxfp4"]
 
 
 def rand(*shape, seed=0, dtype=torch.float32):

@@ -296,7 +296,7 @@ def gather_single(rank: int, tmp: str, policies: Sequence[str], rec) -> Dict[str
         for policy in policies:
             path = os.path.join(tmp, f"single_{policy}.pt")
             if os.path.exists(path):
-                saved = torch.load(path)
+                saved = torch.load(path, weights_only=False)  # this run's own file (records hold Recipe modes)
                 single[policy] = saved["out"]
                 rec.add(saved["run"])
     return single

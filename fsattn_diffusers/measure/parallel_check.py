@@ -168,7 +168,7 @@ def run_sharded(recipes: Sequence[str], *, world: int = 2, shape=DEFAULT_SHAPE, 
         init_file, out_file = os.path.join(tmp, "init"), os.path.join(tmp, "out.pt")
         mp.spawn(_worker, args=(world, init_file, out_file, list(recipes), tuple(shape), device, backend,
                                 list(wan_policies)), nprocs=world, join=True)
-        return torch.load(out_file)
+        return torch.load(out_file, weights_only=False)  # this run's own file (records hold Recipe modes)
 
 
 @contextlib.contextmanager
