@@ -67,7 +67,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
         tiles = range(-(-s_k // n))
     for j, t in enumerate(tiles):
         k0, k1 = t * n, min(t * n + n, s_k)
-        x = torch.matmul(q, k[:, k0:k1].transpose(1, 2))
+        x = num.scores(q, k[:, k0:k1])
         if post_mult != 1.0:
             x = x * post_mult
         if bias is not None:
@@ -183,7 +183,7 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
             bias = bias.reshape(b * h, s_k)
         if kept is not None:
             kept = kept.reshape(b * h, s_q)
-        qo, ko, vo = (t.reshape(b * h, t.shape[2], d) for t in (qo, ko, vo))
+        qo, ko, vo = (t.reshape(b * h, t.shape[2], t.shape[3]) for t in (qo, ko, vo))
         valid = None if valid_b is None else valid_b[:, None, :].expand(b, h, s_k).reshape(b * h, s_k)
         stats = _new_stats()
         o, l, m = _attend_rows(qo, ko, vo, valid, post, num, stats, bias, kept)

@@ -281,8 +281,8 @@ def fake_quantize_pow2_rows(x: torch.Tensor, fmt: ElemFormat, rule: str, *, grou
 INT8_MAX = 127
 
 
-def fake_quantize_int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> torch.Tensor:
-    """Symmetric INT8 with one float32 scale ``amax / 127`` per group of ``rows_per_scale`` consecutive rows.
+def int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> Tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric INT8 codes and scales, one float32 scale ``amax / 127`` per group of ``rows_per_scale`` rows.
 
     Parameters
     ----------
@@ -294,8 +294,8 @@ def fake_quantize_int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> torch.T
 
     Returns
     -------
-    Tensor (..., S, D) float32: ``code * scale`` with ``code = rne(x / scale)`` in [-127, 127]. A group of zeros
-    stays zero; a NaN makes its group NaN.
+    codes : Tensor (..., S, D) float32, ``rne(x / scale)`` in [-127, 127].
+    scales : Tensor (..., S, 1) float32, each row's group scale (1 for a group of zeros; NaN if it holds a NaN).
     """
     if rows_per_scale < 1:
         raise ValueError(f"rows_per_scale={rows_per_scale!r}; accepted: a positive int")
@@ -306,6 +306,14 @@ def fake_quantize_int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> torch.T
     groups = yp.reshape(*yp.shape[:-2], -1, rows_per_scale * d)
     amax = groups.abs().amax(dim=-1, keepdim=True)
     scale = torch.where(amax == 0, torch.ones_like(amax), amax / INT8_MAX)  # NaN amax: a NaN scale
-    codes = torch.clamp(torch.round(groups / scale), -INT8_MAX, INT8_MAX)
-    return (codes * scale).reshape(yp.shape)[..., :s, :]
+    codes = torch.clamp(torch.round(groups / scale), -INT8_MAX, INT8_MAX).reshape(yp.shape)[..., :s, :]
+    scales = scale.repeat_interleave(rows_per_scale, dim=-2)[..., :s, :]
+    return codes, scales
+
+
+def fake_quantize_int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> torch.Tensor:
+    """:func:`int8_rows`' values ``code * scale`` (..., S, D) float32. A group of zeros stays zero; a NaN makes its
+    group NaN."""
+    codes, scales = int8_rows(x, rows_per_scale)
+    return codes * scales
 

@@ -1,9 +1,9 @@
 """Per-target numerics of one Algorithm 1 step; the tiled loop that uses them is in :mod:`.emulator`.
 
-``MI355XNumerics`` is the paper's kernels (NUMERICS.md); ``SM90Numerics`` is what our Hopper kernel
-computes (``sm90_numerics.py`` documents each difference). Both answer the same questions: the operands,
-the frozen reference seeded from the first key tile visited, the gate cap, Stage-A, Stage-B with the row-sum term,
-and the tile sizes. :func:`key_tile_order` is the order in which a query tile visits the key tiles
+``MI355XNumerics`` is the paper's kernels (NUMERICS.md); ``SM90Numerics`` is what our Hopper kernels compute for MX
+Q/K and ``SM90Int8Numerics`` for INT8 Q/K (``sm90_numerics.py`` documents each difference). All answer the same
+questions: the operands, the scores of a key tile, the frozen reference seeded from the first key tile visited, the
+gate cap, Stage-A, Stage-B with the row-sum term, and the tile sizes. :func:`key_tile_order` is the order in which a query tile visits the key tiles
 (``Recipe.key_order``), for the emulator and the kernels alike.
 """
 
@@ -14,8 +14,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from .exponent import stage_a as exponent_stage_a
-from .formats import E2M3, fake_quantize_mx
-from .operands import LOG2E, prepare_qk, prepare_v, stage_b
+from .formats import E2M3, fake_quantize_mx, int8_rows
+from .operands import LOG2E, prepare_qk, prepare_v, prequantize_qk, stage_b
 from .recipe import KEY_ORDERS, Recipe
 
 
@@ -61,6 +61,10 @@ class MI355XNumerics:
         ko, _ = prepare_qk(k, self.recipe, 1.0, rows_per_scale=self.recipe.tile_n)
         vo = prepare_v(v, self.recipe, None if valid is None else valid[:, None, :, None])
         return qo, ko, vo, post, bias, None
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``X = q k^T`` (G, R, n) float32 for operands ``q`` (G, R, D) and one key tile ``k`` (G, n, D)."""
+        return torch.matmul(q, k.transpose(1, 2))
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
         """The frozen reference from the first key tile visited (Algorithm 1, line 2), raised by
@@ -124,8 +128,56 @@ class SM90Numerics(MI355XNumerics):
         return p8, p8.sum(dim=-1)
 
 
+class SM90Int8Numerics(MI355XNumerics):
+    """The Hopper INT8 Q/K kernel (``kernels/fused_attention_gluon_int8.py``, sm90_numerics difference 10): exact
+    integer scores times ``float32(s_q s_k)``, the reference on the 1/128 grid, Stage-A's BF16 pattern itself as P
+    (``eps' = 7/128``), BF16 V, the gate at the recipe's cap (BF16 P has the range)."""
+
+    def __init__(self, recipe: Recipe):
+        from . import sm90_numerics as sm90
+
+        if not (recipe.frozen_max and recipe.exponential == "schraudolph" and recipe.proxy == "u16"
+                and recipe.p_format == "bf16" and recipe.v_format == "bf16"):
+            raise ValueError(f"numerics='sm90' with int8 Q/K covers the Hopper INT8 kernel's recipe only (frozen max, "
+                             f"Schraudolph U16, BF16 P and V), got {recipe}; accepted: int8-bf16")
+        super().__init__(recipe)
+        self._sm90 = sm90
+        self.tile_m = self.tile_n = sm90.TILE
+
+    def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
+        """INT8 codes with each row's scale appended as a last column: Q (B, H, S_q, D + 1), K (B, H, S_k, D + 1)
+        (one scale per key tile; keys past ``valid`` zero before it is taken); V in BF16."""
+        if bias is not None:
+            raise ValueError("numerics='sm90' with int8 Q/K: Q smoothing's key term is not part of the INT8 kernel; "
+                             "accepted: smooth_q=False")
+        vmask = None if valid is None else valid[:, None, :, None]
+        if vmask is not None:
+            k = torch.where(vmask, k, torch.zeros_like(k))
+        qc, qs = int8_rows(prequantize_qk(q, self.recipe, scale * LOG2E), 1)
+        kc, ks = int8_rows(prequantize_qk(k, self.recipe, 1.0), self.tile_n)
+        return (torch.cat([qc, qs], dim=-1), torch.cat([kc, ks], dim=-1), prepare_v(v, self.recipe, vmask), 1.0,
+                None, None)
+
+    def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+        """``float32(S * float32(s_q s_k))`` with ``S`` the integer dot products (exact in float32: below 2^22)."""
+        s = torch.matmul(q[..., :-1], k[..., :-1].transpose(1, 2))
+        return s * (q[..., -1:] * k[..., -1][:, None, :])
+
+    def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
+        return torch.ceil(tile_max * 128.0) / 128.0 + self.recipe.frozen_max_offset_log2
+
+    def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        return self._sm90._stage_a(x, m, 0, not self.recipe.rollback)
+
+    def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
+        """No Stage-B: P is Stage-A's BF16 value; the row sum adds those values."""
+        return p, p.sum(dim=-1)
+
+
 def numerics_for(recipe: Recipe) -> MI355XNumerics:
-    """The numerics object of ``recipe.numerics``."""
-    return SM90Numerics(recipe) if recipe.numerics == "sm90" else MI355XNumerics(recipe)
+    """The numerics object of ``recipe.numerics`` (and, for ``sm90``, of the recipe's Q/K format)."""
+    if recipe.numerics != "sm90":
+        return MI355XNumerics(recipe)
+    return SM90Int8Numerics(recipe) if recipe.qk_format == "int8" else SM90Numerics(recipe)
 
 

@@ -298,14 +298,18 @@ _OPERANDS = {
 #: by the emulator (``"bf16"`` names stock attention, as a policy of ``fsattn_diffusers.integration``); ``exact``
 #: keeps FP32 throughout.
 BF16_EMULATED = "bf16-emulated"
+#: The accurate tier's preset (INT8 Q/K, BF16 P and V).
+INT8_BF16 = "int8-bf16"
 PRESETS = {
     "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
     BF16_EMULATED: Recipe(name=BF16_EMULATED, qk_format="bf16", p_format="bf16", v_format="bf16"),
     **{name: Recipe(name=name, **ops, **_FUSED, **ROBUST, **ROBUST_P[ops["p_format"]])
        for name, ops in _OPERANDS.items()},
     **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
-    # The accurate tier: INT8 Q/K, Stage-A's BF16 proxy itself as P (no Stage-B), BF16 V; emulator only for now.
-    "int8-bf16": Recipe(name="int8-bf16", qk_format="int8", p_format="bf16", v_format="bf16", **_FUSED, **ROBUST),
+    # The accurate tier: INT8 Q/K, Stage-A's BF16 proxy itself as P (no Stage-B), BF16 V; the signed rotation and K
+    # smoothing (the Hopper INT8 kernel has no Q-smoothing term: NUMERICS.md §1).
+    INT8_BF16: Recipe(name=INT8_BF16, qk_format="int8", p_format="bf16", v_format="bf16", **_FUSED,
+                      **{k: v for k, v in ROBUST.items() if k != "smooth_q"}),
 }
 
 

@@ -118,6 +118,8 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
     """One line saying why the Triton kernel cannot run ``recipe`` at ``head_dim`` (None when it can)."""
     if head_dim not in SUPPORTED_HEAD_DIMS:
         return f"head dim {head_dim} (the Triton kernel takes 64 or 128)"
+    if recipe.qk_format == "int8":
+        return _int8_unsupported(recipe)
     if recipe.qk_format not in _MX_FMT:
         return f"qk_format {recipe.qk_format!r} (the Triton kernel takes mxfp8, mxfp6, mxfp4)"
     if recipe.v_format not in ("fp8_tensor", "mxfp6", "mxfp4"):
@@ -137,6 +139,22 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
         return f"p_scale_rule {recipe.p_scale_rule!r} for mxfp6 P (the Triton kernel uses floor)"
     if recipe.tile_n != 128:
         return f"tile_n {recipe.tile_n} (the Triton kernel's key tile is 128)"
+    return None
+
+
+def _int8_unsupported(recipe) -> Optional[str]:
+    """Why the INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) cannot run ``recipe`` (None when it can)."""
+    if (recipe.p_format, recipe.v_format) != ("bf16", "bf16"):
+        return (f"int8 Q/K with p_format {recipe.p_format!r}, v_format {recipe.v_format!r} (the INT8 kernel takes "
+                f"bf16 P and V)")
+    if recipe.exponential != "schraudolph" or recipe.proxy != "u16" or not recipe.frozen_max:
+        return "int8 Q/K needs Schraudolph U16 and the frozen maximum in the INT8 kernel"
+    if not recipe.hadamard:
+        return "int8 Q/K without the rotation (the INT8 kernel always rotates)"
+    if recipe.smooth_q:
+        return "int8 Q/K with smooth_q (the INT8 kernel has no Q-smoothing term)"
+    if recipe.tile_n != 128:
+        return f"tile_n {recipe.tile_n} (the kernel's key tile is 128)"
     return None
 
 

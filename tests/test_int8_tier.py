@@ -71,15 +71,19 @@ def test_padded_keys_do_not_move_a_key_tiles_scale():
     assert torch.equal(a, b)
 
 
-def test_the_tier_runs_through_attention_and_the_kernel_says_why_not():
+def test_the_hopper_kernel_takes_the_tier_and_says_why_not_for_what_it_lacks():
     assert "int8" in TIER and PRESETS[TIER].qk_format == "int8" and PRESETS[TIER].p_format == "bf16"
-    reason = unsupported_reason(PRESETS[TIER], 128)
-    print(reason)
-    assert reason is not None and "qk_format 'int8'" in reason
+    assert unsupported_reason(PRESETS[TIER], 128) is None and unsupported_reason(PRESETS[TIER], 64) is None
+    for changed, words in ((PRESETS[TIER].replace(smooth_q=True), "smooth_q"),
+                           (PRESETS[TIER].replace(p_format="fp8_row"), "p_format 'fp8_row'"),
+                           (PRESETS[TIER].replace(frozen_max=False), "frozen maximum")):
+        reason = unsupported_reason(changed, 128)
+        print(reason)
+        assert reason is not None and words in reason
     g = torch.Generator().manual_seed(2)
     q, k, v = (torch.randn(1, 2, 130, 64, generator=g) for _ in range(3))
     input_copy = q.clone()
-    out = fa.attention(q, k, v, TIER, layout="bhsd")  # no kernel takes it: the emulator runs it
+    out = fa.attention(q, k, v, TIER, layout="bhsd")  # on the CPU the emulator runs it
     ex = exact_attention(q, k, v)[0]
     print(relative_error(out, ex))
     assert torch.equal(q, input_copy) and relative_error(out, ex) < 0.03

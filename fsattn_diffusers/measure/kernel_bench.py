@@ -276,16 +276,25 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
     for rname in recipes:
         recipe = get_recipe(rname)
-        plan = plan_for(recipe)
         lay_args = dict(layout="bhsd", backend="triton")
 
         def full(recipe=recipe):
             return attention(qq, kk, vv, recipe, **lay_args)
-        ops = prepass(qq, kk, vv, plan, scale, None)
         out = torch.empty_like(q)
-        parts = {"prepass_ms": lambda plan=plan: prepass(qq, kk, vv, plan, scale, None),
-                 "kernel_ms": lambda ops=ops, out=out, plan=plan: attention_from_operands(ops, out, plan, s_q, s_k,
-                                                                                         None, None, None)}
+        if recipe.qk_format == "int8":  # the INT8 Q/K kernel and its own pre-pass
+            from ..kernels import ops_int8
+
+            pre = (lambda r=recipe: ops_int8.prepass_int8(qq, kk, vv, scale, None, r.hadamard_signs, r.smooth_k))
+            ops = pre()
+            parts = {"prepass_ms": pre,
+                     "kernel_ms": lambda ops=ops, out=out, a=ops_int8.launch_args(recipe):
+                     ops_int8.attention_int8_from_operands(ops, out, s_q, s_k, **a)}
+        else:
+            plan = plan_for(recipe)
+            ops = prepass(qq, kk, vv, plan, scale, None)
+            parts = {"prepass_ms": lambda plan=plan: prepass(qq, kk, vv, plan, scale, None),
+                     "kernel_ms": lambda ops=ops, out=out, plan=plan: attention_from_operands(ops, out, plan, s_q,
+                                                                                             s_k, None, None, None)}
         # Peak extra memory of one call (output included), measured outside do_bench (its L2-flush
         # buffer and the previous call's output would count otherwise).
         torch.cuda.synchronize()

@@ -114,6 +114,30 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
     return triton.compile(src, target=TARGET, options={"num_warps": 4})
 
 
+def compile_gluon_int8(d=128, stages=None, **const):
+    """The INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) with the int8-bf16 preset's settings."""
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon._runtime import GluonASTSource
+
+    from fsattn_diffusers.kernels import fused_attention_gluon_int8 as k8
+    from fsattn_diffusers.kernels import ops_int8
+
+    def desc(rows, cols, dtype, name):
+        return f"tensordesc<{name}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)!r}>"
+
+    bn = ops.BLOCK_N
+    types = dict(TYPES, q_desc=desc(k8.WG_ROWS.value, d, gl.int8, "i8"), k_desc=desc(bn, d, gl.int8, "i8"),
+                 v_desc=desc(bn, d, gl.bfloat16, "bf16"), ones_desc=desc(8, bn, gl.bfloat16, "bf16"),
+                 QS="*fp32", KS="*fp32")
+    c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES,
+             REGS=ops_int8.INT8_WORKER_REGS, **ops_int8.launch_args(get_recipe("int8-bf16")))
+    c = {k.upper() if k in ("cap", "floor", "diagonal") else ("M_OFFSET" if k == "m_offset" else k): v
+         for k, v in dict(c, **const).items()}
+    sig, constexprs, attrs = _signature(k8.fsattn_fwd_gluon_int8_kernel, types, c)
+    src = GluonASTSource(fn=k8.fsattn_fwd_gluon_int8_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
+    return triton.compile(src, target=TARGET, options={"num_warps": 4})
+
+
 CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8": (compile_triton, {}),
     "triton_mxfp8_paper": (compile_triton, dict(recipe="mxfp8-paper")),
@@ -134,6 +158,8 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_mxfp6_smooth_q": (compile_gluon, dict(recipe="mxfp6+smooth_q+smooth_q_min_ratio=0", P_MX=True,
                                                           KEY_TERM=True)),
     "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", HAS_BIAS=True)),
+    "gluon_int8": (compile_gluon_int8, {}),
+    "gluon_int8_d64_lse_kvl": (compile_gluon_int8, dict(d=64, WRITE_LSE=True, HAS_KVL=True)),
 }
 
 

@@ -1,0 +1,245 @@
+"""Fused-Softmax attention forward in Gluon for Hopper (sm_90), the INT8 Q/K tier (preset ``int8-bf16``): INT8
+scores exact in int32, Stage-A's BF16 proxy itself as the PV operand (no Stage-B), V in BF16.
+
+The structure is :mod:`kernels.fused_attention_gluon_pingpong`'s (two free-running 64-row warpgroups, every wgmma
+asynchronous, the softmax of key tile j beside the PV GEMM of tile j-1, one mbarrier per K/V slot, the per-warp gate
+vote, the rare rollback); its helpers are imported from there. What differs, per key tile j:
+
+    issue S_j = Q8 K8_j^T (s8 x s8 -> s32); issue l += P16_{j-1} @ ones; issue O += P16_{j-1} V16_{j-1}   (async)
+    wait for S_j and l; scores in doublings x = S_j * a_j with a_j = QS_row * KS_j (fp32, one rounding)
+    gate on rowmax(x) (int32 maximum, then one multiply), Stage-A: ``max(fma(S_j, 128 a_j, c), MAGIC)``, whose low
+    16 bits are the BF16 proxy pattern of ``P = 2^(x - m)`` (grid 1/128 of a doubling, Schraudolph's bias ``D_BITS``)
+    wait for the PV GEMM; rare rollback; P16_j = two patterns per register (one PRMT), carried to iteration j+1
+
+Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
+``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
+in fp32 on the tensor cores, so O and ``l`` are chained in the wgmma accumulators across key tiles. Keys past
+``kv_lens`` (K8 rows zero) are masked in the last key tile only. The reference is
+:func:`fsattn_diffusers.emulator.sm90_reference_attention` with the ``int8-bf16`` recipe.
+"""
+
+from __future__ import annotations
+
+from triton.experimental import gluon
+from triton.experimental.gluon import language as gl
+from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
+                                                              warpgroup_mma_wait)
+
+from .fused_attention_gluon_pingpong import (LN2, MAGIC, ONES_N, WG_ROWS, _key_tile, _lowering_trigger, _warp_any,
+                                             _warp_vote_declare)
+from .common import FLOOR_LIMIT
+from .gluon_mxfp6_p import D_BITS
+
+# 1.5 * 2^23 as fp32 bits: an int32 s < 2^22 in magnitude added to them gives the fp32 value 1.5 * 2^23 + s.
+I2F_BITS = gl.constexpr(0x4B400000)
+I2F_MAGIC = gl.constexpr(12582912.0)
+# Stage-A's grid: 2^7 steps per doubling (BF16's mantissa).
+GRID = gl.constexpr(128.0)
+
+
+@gluon.jit
+def _scores_f32(s):
+    """The int32 scores as fp32 values (exact for |s| < 2^22): an integer add on the bits and one subtraction."""
+    return (s + I2F_BITS).to(gl.float32, bitcast=True) - I2F_MAGIC
+
+
+@gluon.jit
+def _mask_tail(x, t, n_keys, BN: gl.constexpr, scol: gl.constexpr):
+    """-inf on the columns of key tile ``t`` at or past ``n_keys`` (only the last tile has any)."""
+    if (t + 1) * BN > n_keys:
+        cols = t * BN + gl.arange(0, BN, layout=scol)
+        x = gl.where((cols < n_keys)[None, :], x, float("-inf"))
+    return x
+
+
+@gluon.jit
+def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """The BF16 PV operand as int32 words of two patterns, shape (BM, BN // 2): per word one PRMT of the low halves
+    of two Stage-A words (element ``2 w`` in the low half)."""
+    f = gl.convert_layout(f, p_layout)
+    e0, e1 = gl.split(gl.reshape(f, [BM, BN // 2, 2]))
+    return gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5410;", "=r,f,f", [e0, e1], dtype=gl.int32,
+                                     is_pure=True, pack=1)
+
+
+@gluon.jit
+def _words_to_bf16(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """The inverse of :func:`_bf16_words`' packing: the (BM, BN) BF16 A operand in ``p_layout`` (no instructions)."""
+    w2 = gl.convert_layout(gl.reshape(gl.join(w, w), [BM, BN]), p_layout)
+    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [w2], dtype=gl.bfloat16, is_pure=True, pack=2)
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, row0, pred, BN: gl.constexpr):
+    """K8 and V16 of key tile ``tile`` into ``slot``, on the slot's one mbarrier."""
+    mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [row0 + tile * BN, 0], kvbar.index(slot), k_smem.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(v_desc, [row0 + tile * BN, 0], kvbar.index(slot), v_smem.index(slot), pred=pred)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
+              onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh,
+              sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
+    """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
+    (``kernels.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores and BF16 P/V)."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BN: gl.constexpr = k_smem.shape[1]
+    D: gl.constexpr = k_smem.shape[2]
+    s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
+    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
+    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                       instr_shape=[16, ONES_N, 16])
+    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    srow: gl.constexpr = gl.SliceLayout(1, s_layout)
+    scol: gl.constexpr = gl.SliceLayout(0, s_layout)
+    orow: gl.constexpr = gl.SliceLayout(1, o_layout)
+    ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
+    lrow: gl.constexpr = gl.SliceLayout(1, l_layout)
+    BM: gl.constexpr = WG_ROWS
+
+    n_tiles = (n_keys + BN - 1) // BN
+    qs = q_smem.index(WG)
+    ones = ones_smem.permute((1, 0))
+    KS_row = KS + bh * (SKP // BN)
+    row0 = pid_m * 128 + WG * BM
+    rows = row0 + gl.arange(0, BM, layout=srow)
+    row_ok = rows < SQ
+    qsc = gl.load(QS + bh * SQP + rows)  # Q's scale per row (alpha log2 e folded in)
+    zero_s = gl.zeros([BM, BN], gl.int32, s_layout)
+
+    o = gl.zeros([BM, D], gl.float32, o_layout)
+    lacc = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # P16 @ ones: every column the row sum
+    m = gl.full([BM], float("-inf"), gl.float32, srow)
+    nfired = gl.zeros([BM], gl.int32, srow)
+    _warp_vote_declare(WG)
+    if n_keys > 0:
+        mbarrier.wait(qbar.index(WG), 0)
+        mbarrier.wait(kvbar.index(0), 0)
+        mbarrier.wait(onesbar.index(0), 0)
+        s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+        s = warpgroup_mma_wait(0, deps=(s,))
+        a = qsc * gl.load(KS_row + j0)
+        x = _mask_tail(_scores_f32(s), j0, n_keys, BN, scol)
+        m = gl.ceil(gl.max(x, axis=1) * a * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
+        m_high = m
+        lo = _lowering_trigger(m, m_high, FLOOR)
+        low_before = m != m
+        c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
+        pw = _bf16_words(gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC), p_layout, BM, BN)
+        for j in range(1, n_tiles):
+            slot = j % STAGES
+            prev = (j - 1) % STAGES
+            pa = _words_to_bf16(pw, p_layout, BM, BN)
+            mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)
+            s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+            lacc = warpgroup_mma(pa, ones, lacc, is_async=True)  # before the PV GEMM: waited with S_j
+            o = warpgroup_mma(pa, v_smem.index(prev), o, is_async=True)
+            s, lacc = warpgroup_mma_wait(1, deps=(s, lacc))
+            t = _key_tile(j, j0, n_tiles, DIAGONAL)
+            a = qsc * gl.load(KS_row + t)
+            x = _mask_tail(_scores_f32(s), t, n_keys, BN, scol)
+            xmax = gl.max(x, axis=1) * a  # the tile's row peaks in doublings
+            low = xmax < lo
+            fire = (xmax > m + CAP) | (low & low_before)
+            low_before = low
+            anyfire = _warp_any(fire, WG)
+            p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
+            o, p = warpgroup_mma_wait(0, deps=(o, p))
+            mbarrier.arrive(empty.index(prev))
+            if WG == 1:
+                mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
+                _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev,
+                         _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), bh * SKP, j - 1 + STAGES < n_tiles, BN)
+            if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
+                delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
+                m = m + delta
+                m_high = gl.maximum(m_high, m)
+                lo = _lowering_trigger(m, m_high, FLOOR)
+                c = c - GRID * delta
+                down = gl.exp2(-delta)
+                lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
+                o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
+                nfired += (fire & row_ok).to(gl.int32)
+                gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
+                             (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
+                p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
+            pw = _bf16_words(p, p_layout, BM, BN)
+        last = (n_tiles - 1) % STAGES
+        pa = _words_to_bf16(pw, p_layout, BM, BN)
+        lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
+        o = warpgroup_mma(pa, v_smem.index(last), o, is_async=True)
+        o, lacc = warpgroup_mma_wait(0, deps=(o, lacc))
+
+    l = gl.convert_layout(gl.max(lacc, axis=1), srow)
+    dcol = gl.arange(0, D, layout=ocol)
+    orows = row0 + gl.arange(0, BM, layout=orow)
+    inv = gl.convert_layout(gl.where(l > 0, 1.0 / l, 0.0), orow)
+    out = o * inv[:, None]
+    optr = (OUT + b.to(gl.int64) * sob + h.to(gl.int64) * soh + orows[:, None].to(gl.int64) * sos
+            + dcol[None, :] * sod)
+    gl.store(optr, out.to(OUT.dtype.element_ty), mask=(orows < SQ)[:, None])
+    lse = (gl.log2(l) + m) * LN2
+    gl.store(LSE + bh.to(gl.int64) * SQ + rows, lse, mask=row_ok & (WRITE_LSE != 0))
+    nrows = gl.sum(nfired, axis=0)
+    if nrows > 0:
+        gl.atomic_add(STATS, nrows)
+
+
+@gluon.jit
+def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, KVL,
+                                 sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
+                                 HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
+                                 FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
+                                 DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0):
+    """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
+
+    q_desc : TMA descriptor of Q8 (B*H*SQP, D) int8, block (64, D); QS (B*H*SQP) fp32 its per-row scales.
+    k_desc : of K8 (B*H*SKP, D) int8, block (BN, D); KS (B*H*SKP/BN) fp32 its per-tile scales.
+    v_desc : of V16 (B*H*SKP, D) bf16, block (BN, D), zero rows past the valid keys.
+    ones_desc : of an (8, BN) BF16 tensor of ones: the row sum's B operand.
+    DIAGONAL, M_OFFSET, CAP, FLOOR : as :func:`kernels.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
+    """
+    pid_m = gl.program_id(0)
+    bh = gl.program_id(1)
+    b = bh // H
+    h = bh % H
+    n_keys = SK
+    if HAS_KVL:
+        n_keys = gl.minimum(gl.load(KVL + b).to(gl.int32), SK)
+    n_tiles = (n_keys + BN - 1) // BN
+    j0 = n_tiles * 0
+    if DIAGONAL:
+        j0 = (pid_m * n_tiles) // (SQP // 128)
+
+    q_smem = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, D], q_desc.layout)
+    k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BN, D], k_desc.layout)
+    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
+    qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+    kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+    ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
+    onesbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+    mbarrier.init(onesbar.index(0), count=1)
+    for i in gl.static_range(2):
+        mbarrier.init(qbar.index(i), count=1)
+    for i in gl.static_range(STAGES):
+        mbarrier.init(kvbar.index(i), count=1)
+        mbarrier.init(empty.index(i), count=2)
+    fence_async_shared()
+
+    for i in gl.static_range(2):
+        mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
+        tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
+                                        q_smem.index(i))
+    mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
+    tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
+    for i in gl.static_range(STAGES):
+        _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
+                 i < n_tiles, BN)
+
+    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS,
+            FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
+            M_OFFSET)
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL) + args),
+                        (_consumer, (gl.constexpr(1), DIAGONAL) + args)], [4], [REGS])

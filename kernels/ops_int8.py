@@ -1,0 +1,152 @@
+"""Host side of the INT8 Q/K tier's kernel (:mod:`kernels.fused_attention_gluon_int8`): pre-pass, descriptors,
+launch."""
+
+from __future__ import annotations
+
+import json
+import math
+from typing import Optional, Tuple
+
+import torch
+
+from fsattn_diffusers.exponent import LOG2E
+from fsattn_diffusers.smoothing import lse_offset
+
+from .prepass import KEY_TILE
+from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
+from .token_mean import token_mean
+
+# K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
+INT8_STAGES = 3
+INT8_WORKER_REGS = 240
+
+_ONES16 = {}
+
+
+def _desc(t, block, dtype_name):
+    from triton.experimental.gluon import language as gl
+    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
+
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype_name))
+    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _ones_bf16(device) -> torch.Tensor:
+    key = str(device)
+    if key not in _ONES16:
+        _ONES16[key] = torch.ones((8, KEY_TILE), dtype=torch.bfloat16, device=device)
+    return _ONES16[key]
+
+
+def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth_k: bool = True):
+    """``(q8, qs, k8, ks, v16, k_mean)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k, v."""
+    k_mean = token_mean(k, kv_lens) if smooth_k else None
+    k8, ks = prepare_qk_int8(k, 1.0, per_row=False, signs=signs, kv_lens=kv_lens, mean=k_mean)
+    q8, qs = prepare_qk_int8(q, scale * LOG2E, per_row=True, signs=signs)
+    return q8, qs, k8, ks, prepare_v_bf16(v, kv_lens), k_mean
+
+
+def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse=None, stats=None, cap=32.0,
+                                 floor=math.inf, diagonal=False, m_offset=0.0, stages=INT8_STAGES,
+                                 regs=INT8_WORKER_REGS):
+    """Launch the kernel on :func:`prepass_int8`'s operands, writing ``out`` (B, H, S_q, D view, any strides)."""
+    from .fused_attention_gluon_int8 import WG_ROWS, fsattn_fwd_gluon_int8_kernel
+
+    q8, qs, k8, ks, v16 = ops[:5]
+    b, h, sqp, d = q8.shape
+    skp = k8.shape[2]
+    want_stats = stats is not None
+    if not want_stats:
+        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
+    # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
+    nkw = -(-(skp // KEY_TILE) // 32) if want_stats else 0
+    tile_bits = torch.zeros((b * h * (sqp // 128) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
+    q_desc = _desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d], "int8")
+    k_desc = _desc(k8.view(b * h * skp, d), [KEY_TILE, d], "int8")
+    v_desc = _desc(v16.view(b * h * skp, d), [KEY_TILE, d], "bfloat16")
+    ones_desc = _desc(_ones_bf16(q8.device), [8, KEY_TILE], "bfloat16")
+    fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
+        q_desc, k_desc, v_desc, ones_desc, qs, ks, out, lse if lse is not None else stats, stats, tile_bits, nkw,
+        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+        D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap), FLOOR=float(floor),
+        STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), num_warps=4)
+    if nkw:
+        from .ops import _popcount
+
+        stats[1] += _popcount(tile_bits).to(torch.int32)
+    return out
+
+
+def launch_args(recipe) -> dict:
+    """The kernel's gate and key-order settings for an INT8 recipe (:func:`attention_int8_from_operands`)."""
+    from .plan import FROZEN_MAX_OFFSET_GRID
+
+    return dict(cap=float(recipe.rollback_cap_log2) if recipe.rollback else math.inf,
+                floor=float(recipe.rollback_floor_log2) if recipe.rollback and recipe.rollback_floor_log2 else math.inf,
+                diagonal=recipe.key_order == "diagonal",
+                m_offset=round(recipe.frozen_max_offset_log2 * FROZEN_MAX_OFFSET_GRID) / FROZEN_MAX_OFFSET_GRID)
+
+
+def settings_key(recipe) -> str:
+    """What the INT8 kernel takes from ``recipe``, as a string (a custom op's argument): the rotation's signs, K
+    smoothing and :func:`launch_args`."""
+    return json.dumps(dict(signs=bool(recipe.hadamard_signs), smooth_k=bool(recipe.smooth_k), **launch_args(recipe)))
+
+
+def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats):
+    cfg = json.loads(key)
+    signs, smooth_k = cfg.pop("signs"), cfg.pop("smooth_k")
+    b, h, s_q, d = q.shape
+    out = torch.empty((b, s_q, h, d) if out_bshd else (b, h, s_q, d), dtype=q.dtype, device=q.device)
+    lse = torch.empty((b, h, s_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
+    ops = prepass_int8(q, k, v, scale, kv_lens, signs, smooth_k)
+    attention_int8_from_operands(ops, out.transpose(1, 2) if out_bshd else out, s_q, k.shape[2], kv_lens,
+                                 lse if return_lse else None, stats if want_stats else None, **cfg)
+    if return_lse and ops[5] is not None:  # the log-sum-exp of the unsmoothed scores
+        lse += lse_offset(q, ops[5], scale)
+    return out, lse, stats
+
+
+@torch.library.custom_op("fsattn::fused_attention_int8", mutates_args=())
+def fused_attention_int8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, kv_lens: Optional[torch.Tensor],
+                            scale: float, key: str, return_lse: bool, out_bshd: bool, want_stats: bool
+                            ) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """INT8 Q/K Fused-Softmax attention on (B, H, S, D) views: ``(out, lse or (0,), stats (2,) int32)`` as
+    :func:`kernels.ops.fused_attention_op` (``key``: :func:`settings_key`)."""
+    return _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats)
+
+
+@fused_attention_int8_op.register_fake
+def _(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats):
+    b, h, s_q, d = q.shape
+    return (torch.empty((b, s_q, h, d) if out_bshd else (b, h, s_q, d), dtype=q.dtype, device=q.device),
+            torch.empty((b, h, s_q) if return_lse else (0,), dtype=torch.float32, device=q.device),
+            torch.empty((2,), dtype=torch.int32, device=q.device))
+
+
+def fused_attention_int8(q, k, v, recipe, *, scale: float, kv_lens=None, return_lse=False, return_stats=False):
+    """Backend entry for INT8 recipes: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or
+    None, None)`` (no non-finite flags: the caller detects them)."""
+    from .ops import visited_tiles
+
+    out_bshd = q.stride(1) < q.stride(2)
+    if kv_lens is not None:
+        kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
+    out, lse, st = fused_attention_int8_op(q, k, v, kv_lens, float(scale), settings_key(recipe), bool(return_lse),
+                                           out_bshd, bool(return_stats))
+    out = out.transpose(1, 2) if out_bshd else out
+    stats = None
+    if return_stats:
+        rows, tiles_rb = (int(x) for x in st.tolist())
+        tiles = visited_tiles(q.shape[0], q.shape[1], q.shape[2], k.shape[2], kv_lens)
+        stats = {"rollbacks": rows, "tiles": tiles, "rollback_tiles": tiles_rb, "rollback_rate": tiles_rb / max(1, tiles)}
+    return out, (lse if return_lse else None), stats, None
+
+
+def attention_int8(q, k, v, recipe="int8-bf16", scale: Optional[float] = None, kv_lens=None):
+    """(B, H, S, D) q, k, v -> (B, H, S_q, D) in q's dtype: the INT8 kernel alone (no backend selection)."""
+    from fsattn_diffusers.recipe import get_recipe
+
+    scale = q.shape[-1] ** -0.5 if scale is None else scale
+    return fused_attention_int8(q, k, v, get_recipe(recipe), scale=scale, kv_lens=kv_lens)[0]

@@ -1,0 +1,103 @@
+"""The INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) on an sm_90 GPU, against its reference
+(:class:`fsattn_diffusers.numerics.SM90Int8Numerics`, ``sm90_reference_attention``) and exact attention.
+
+Rule (fsattn_diffusers.testing): the kernel's error against exact attention equals the reference's within
+``within_kernel_rule``, and the two outputs lie within INT8_KERNEL_REF_MAX (2^-8) of each other. Skipped without an
+sm_90 CUDA GPU; every test prints its numbers before asserting.
+"""
+
+import pytest
+import torch
+
+from kernel_device import CPU_INTERPRET, make, skip_module_without_sm90  # noqa: E402
+
+skip_module_without_sm90()
+if CPU_INTERPRET:
+    pytest.skip("the Gluon INT8 kernel has no interpreter mode", allow_module_level=True)
+pytest.importorskip("triton")
+
+import fsattn_diffusers as fa  # noqa: E402
+from fsattn_diffusers.backends import LAST_RAN  # noqa: E402
+from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
+from fsattn_diffusers.recipe import INT8_BF16, get_recipe  # noqa: E402
+from fsattn_diffusers.testing import (INT8_KERNEL_REF_MAX, exact_attention, relative_error,  # noqa: E402
+                                      within_kernel_rule)
+
+RECIPE = get_recipe(INT8_BF16)
+
+
+def _check(q, k, v, kv_lens=None, label="", recipe=RECIPE):
+    scale = q.shape[-1] ** -0.5
+    before = [t.clone() for t in (q, k, v)]
+    out, lse, stats = fa.attention(q, k, v, recipe, layout="bhsd", backend="triton", kv_lens=kv_lens,
+                                   return_lse=True, return_stats=True)
+    ref, ref_lse, ref_stats = sm90_reference_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens)
+    exact = exact_attention(q, k, v, scale, kv_lens=kv_lens)[0]
+    err_k, err_r = relative_error(out, exact), relative_error(ref, exact)
+    drift = relative_error(out, ref)
+    finite = torch.isfinite(ref_lse)
+    lse_diff = float((lse[finite] - ref_lse[finite]).abs().max()) if bool(finite.any()) else 0.0
+    print(f"{label} {tuple(q.shape)} {q.dtype}: err kernel {err_k:.5f} ref {err_r:.5f} kernel-vs-ref {drift:.2e} "
+          f"lse maxdiff {lse_diff:.2e} stats {stats} ref {ref_stats}")
+    assert all(torch.equal(a, b) for a, b in zip(before, (q, k, v))), "inputs modified"
+    assert bool(torch.isfinite(out).all())
+    assert within_kernel_rule(err_k, err_r)
+    assert drift <= INT8_KERNEL_REF_MAX
+    assert lse_diff <= 1e-3
+    assert stats["rollbacks"] == ref_stats["rollbacks"] and stats["tiles"] == ref_stats["tiles"]
+    assert LAST_RAN[recipe.name] == "triton"
+    return out
+
+
+@pytest.mark.parametrize("family", ["gaussian", "sharp", "k_channel_outliers", "offset_uniform_k", "locality",
+                                    "attention_sink", "clustered", "v_channel_outliers"])
+@pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16)])
+def test_structured_families_match_the_reference(family, d, dtype):
+    q, k, v = FAMILIES[family](1, 3, 1000, d, dtype, "cuda", 0)
+    _check(q, k, v, label=family)
+
+
+@pytest.mark.parametrize("shape,layout", [((2, 3, 300, 200, 64), "bshd"), ((1, 2, 257, 1000, 128), "bhsd"),
+                                          ((2, 14, 9, 1, 128), "bshd"), ((1, 1, 128, 128, 128), "bhsd")])
+def test_awkward_shapes_and_layouts(shape, layout):
+    q, k, v = make(*shape, layout)
+    _check(q, k, v, label=f"{layout}")
+
+
+def test_kv_lens_with_garbage_past_the_valid_keys_and_an_empty_entry():
+    q, k, v = make(3, 2, 130, 300, 128, "bhsd", seed=3)
+    kv_lens = torch.tensor([129, 0, 300], device="cuda")
+    k[0, :, 129:] = float("nan")
+    v[0, :, 129:] = float("inf")
+    out = _check(q, k, v, kv_lens=kv_lens, label="kv_lens")
+    assert bool((out[1] == 0).all())
+
+
+def test_the_gate_rolls_back_as_the_reference_does():
+    q, k, v = make(1, 2, 256, 1024, 128, "bhsd", seed=5, spiky=True)
+    k[:, :, 700] *= 40.0  # a key far above the first tile's peak: more than 32 doublings for some rows
+    _check(q, k, v, label="spiky")
+
+
+def test_the_output_buffer_is_fully_written():
+    q, k, v = make(1, 2, 200, 333, 128, "bhsd", seed=7)
+    from fsattn_diffusers.kernels.ops_int8 import attention_int8_from_operands, launch_args, prepass_int8
+
+    ops = prepass_int8(q, k, v, 128 ** -0.5)
+    out = torch.full_like(q, float("nan"))
+    attention_int8_from_operands(ops, out, 200, 333, **launch_args(RECIPE))
+    ref = sm90_reference_attention(q, k, v, RECIPE, scale=128 ** -0.5)[0]
+    drift = relative_error(out, ref)
+    print(f"poisoned buffer: kernel-vs-ref {drift:.2e}")
+    assert bool(torch.isfinite(out).all()) and drift <= INT8_KERNEL_REF_MAX
+
+
+def test_the_int8_tier_is_more_accurate_than_mxfp8_on_structured_inputs():
+    for family in ("gaussian", "sharp", "k_channel_outliers"):
+        q, k, v = FAMILIES[family](1, 4, 2048, 128, torch.bfloat16, "cuda", 1)
+        exact = exact_attention(q, k, v, 128 ** -0.5)[0]
+        e8 = relative_error(fa.attention(q, k, v, "mxfp8", layout="bhsd"), exact)
+        ei = relative_error(fa.attention(q, k, v, INT8_BF16, layout="bhsd"), exact)
+        print(f"{family}: int8-bf16 {ei:.4f}, mxfp8 {e8:.4f}")
+        assert ei < 0.6 * e8
