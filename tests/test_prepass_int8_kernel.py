@@ -1,0 +1,43 @@
+"""The INT8 pre-pass (kernels/prepass_int8.py) against the reference's operands (SM90Int8Numerics): codes and scales
+bit for bit, on an sm_90 GPU or (``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1``) Triton's interpreter."""
+
+import pytest
+import torch
+
+from kernel_device import DEV, skip_module_without_sm90  # noqa: E402
+
+skip_module_without_sm90()
+pytest.importorskip("triton")
+
+from fsattn_diffusers.emulator import valid_prefix  # noqa: E402
+from fsattn_diffusers.numerics import numerics_for  # noqa: E402
+from fsattn_diffusers.recipe import INT8_BF16, get_recipe  # noqa: E402
+from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
+
+from fsattn_diffusers.kernels.ops_int8 import prepass_int8  # noqa: E402
+
+RECIPE = get_recipe(INT8_BF16).replace(numerics="sm90")
+
+
+@pytest.mark.parametrize("b,h,s,d,kv_lens,dtype", [(1, 2, 200, 64, None, torch.bfloat16),
+                                                    (2, 1, 300, 128, [130, 300], torch.float16),
+                                                    (1, 1, 129, 128, [0], torch.float32)],
+                         ids=["bf16", "fp16-kv-lens", "fp32-empty"])
+def test_codes_and_scales_are_the_references(b, h, s, d, kv_lens, dtype):
+    g = torch.Generator().manual_seed(s)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).mul(3.0).to(dtype).to(DEV) for _ in range(3))
+    k[..., 5] += 4.0  # a shared offset for K smoothing to remove
+    before = [t.clone() for t in (q, k, v)]
+    kvl = torch.tensor(kv_lens, dtype=torch.int32, device=DEV) if kv_lens else None
+    q8, qs, k8, ks, v16, _ = prepass_int8(q, k, v, d ** -0.5, kvl)
+    valid = valid_prefix(kvl, s, q.device)
+    qi, ki, _, _ = smooth_inputs(q, k, RECIPE, d ** -0.5, valid, None)
+    qo, ko, vo, *_ = numerics_for(RECIPE).operands(qi, ki, v, d ** -0.5, valid)
+    ks_rows = ks.repeat_interleave(128, dim=2)[:, :, :s]
+    diffs = [int((q8[:, :, :s].float() != qo[..., :-1]).sum()), int((qs[:, :, :s] != qo[..., -1]).sum()),
+             int((k8[:, :, :s].float() != ko[..., :-1]).sum()), int((ks_rows != ko[..., -1]).sum()),
+             int((v16[:, :, :s].float() != vo).sum())]
+    print(f"({b}, {h}, {s}, {d}) kv_lens={kv_lens} {dtype}: differing Q codes, Q scales, K codes, K scales, V: {diffs}")
+    assert diffs == [0, 0, 0, 0, 0]
+    assert bool((q8[:, :, s:] == 0).all()) and bool((k8[:, :, s:] == 0).all()) and bool((v16[:, :, s:] == 0).all())
+    assert all(torch.equal(a, c) for a, c in zip(before, (q, k, v)))
