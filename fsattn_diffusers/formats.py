@@ -305,7 +305,9 @@ def int8_rows(x: torch.Tensor, rows_per_scale: int = 1) -> Tuple[torch.Tensor, t
     yp = torch.nn.functional.pad(y, (0, 0, 0, pad))
     groups = yp.reshape(*yp.shape[:-2], -1, rows_per_scale * d)
     amax = groups.abs().amax(dim=-1, keepdim=True)
-    scale = torch.where(amax == 0, torch.ones_like(amax), amax / INT8_MAX)  # NaN amax: a NaN scale
+    # IEEE divisions on every device: PyTorch's CUDA division by a Python scalar multiplies by its reciprocal instead
+    # (one ulp off in ~5% of the scales), so the divisor is a tensor. NaN amax: a NaN scale.
+    scale = torch.where(amax == 0, torch.ones_like(amax), amax / torch.full_like(amax, INT8_MAX))
     codes = torch.clamp(torch.round(groups / scale), -INT8_MAX, INT8_MAX).reshape(yp.shape)[..., :s, :]
     scales = scale.repeat_interleave(rows_per_scale, dim=-2)[..., :s, :]
     return codes, scales

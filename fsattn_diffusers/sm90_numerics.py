@@ -55,6 +55,12 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    drops the term (there it is below 2^-9 of the capacity, against a full-scale Q tile's scores). The reference adds
    ``bias_eff_j = sum(Kx_j) 2^(KE_j - G)`` on the kept tiles.
 
+10. **INT8 Q/K (``qk_format="int8"``, BF16 P and V; ``numerics.SM90Int8Numerics``).** The scores are the exact
+   integer dot products ``S`` of the codes times ``float32(s_q s_k)`` (one fp32 rounding), the reference sits on the
+   1/128 grid as in difference 2, Stage-A's BF16 pattern (``eps' = 7/128``) is P itself, and the gate keeps the
+   recipe's cap: BF16 holds ``2^32``. BF16 products accumulate in fp32 on the tensor cores, so O and ``l`` are
+   chained across key tiles in the wgmma accumulators.
+
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
 chained onto O every later tile's products would be cut at O's magnitude: on sharp, patch-like rows 10.5% of the output

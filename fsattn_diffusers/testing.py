@@ -14,6 +14,8 @@
 
 from __future__ import annotations
 
+import math
+
 from typing import Optional, Sequence, Tuple, Union
 
 import torch
@@ -32,11 +34,14 @@ import torch
 KERNEL_ERR_ATOL = 5e-4
 KERNEL_ERR_REL = 0.02
 KERNEL_REF_MAX = 2e-2
-#: The INT8 Q/K kernel's outputs against its reference (``SM90Int8Numerics``): its scores are exact integers and
-#: Stage-A one FMA the reference reproduces, so what is left is the fp32 summation order of O and l on the tensor cores
-#: and one score in ~2^12 whose fp32 product ``S * float32(s_q s_k)`` rounds across a step of Stage-A's 1/128 grid
-#: (one BF16 unit of one P). Both move the output far below its BF16 rounding; the bound is that rounding (2^-8).
-INT8_KERNEL_REF_MAX = 2.0 ** -8
+#: The INT8 Q/K kernel against its reference (``SM90Int8Numerics``): its scores are exact integers and Stage-A one FMA
+#: the reference reproduces, so what is left is the fp32 summation order of O and l on the tensor cores and one score
+#: in ~2^12 whose fp32 product ``S * float32(s_q s_k)`` rounds across a step of Stage-A's 1/128 grid (one BF16 unit of
+#: one P). Both move the output far below its BF16 rounding (2^-8): outputs within 2^-10. In a row dominated by one
+#: key that one BF16 unit of P moves l by up to 2^-7: LSE within ln(1 + 2^-7) + 1e-3 nats (H200: outputs within
+#: 1.4e-4, LSE within 4.0e-3 on the structured families).
+INT8_KERNEL_REF_MAX = 2.0 ** -10
+INT8_LSE_MAX = math.log1p(2.0 ** -7) + 1e-3
 #: Split computations: errors within 15% of each other, plus a floor for fp32 rounding of the merge.
 SPLIT_RELATIVE = 0.15
 SPLIT_FLOOR = 1e-5

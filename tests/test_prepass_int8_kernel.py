@@ -1,5 +1,7 @@
-"""The INT8 pre-pass (kernels/prepass_int8.py) against the reference's operands (SM90Int8Numerics): codes and scales
-bit for bit, on an sm_90 GPU or (``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1``) Triton's interpreter."""
+"""The INT8 pre-pass (kernels/prepass_int8.py) against the reference's operands (SM90Int8Numerics), on an sm_90 GPU or
+(``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1``) Triton's interpreter.
+
+Rule: codes, scales and V bit for bit (both sides divide by IEEE rules: ``formats.int8_rows``)."""
 
 import pytest
 import torch
@@ -37,7 +39,9 @@ def test_codes_and_scales_are_the_references(b, h, s, d, kv_lens, dtype):
     diffs = [int((q8[:, :, :s].float() != qo[..., :-1]).sum()), int((qs[:, :, :s] != qo[..., -1]).sum()),
              int((k8[:, :, :s].float() != ko[..., :-1]).sum()), int((ks_rows != ko[..., -1]).sum()),
              int((v16[:, :, :s].float() != vo).sum())]
-    print(f"({b}, {h}, {s}, {d}) kv_lens={kv_lens} {dtype}: differing Q codes, Q scales, K codes, K scales, V: {diffs}")
+    code_step = float((q8[:, :, :s].float() - qo[..., :-1]).abs().max())
+    print(f"({b}, {h}, {s}, {d}) kv_lens={kv_lens} {dtype}: differing Q codes, Q scales, K codes, K scales, V: {diffs}; "
+          f"largest Q code step {code_step}")
     assert diffs == [0, 0, 0, 0, 0]
     assert bool((q8[:, :, s:] == 0).all()) and bool((k8[:, :, s:] == 0).all()) and bool((v16[:, :, s:] == 0).all())
     assert all(torch.equal(a, c) for a, c in zip(before, (q, k, v)))
