@@ -10,6 +10,7 @@ from typing import Optional, Tuple
 import torch
 
 from fsattn_diffusers.exponent import LOG2E
+from fsattn_diffusers.nonfinite import StagedFlags
 from fsattn_diffusers.smoothing import lse_offset
 
 from .prepass import KEY_TILE
@@ -38,12 +39,13 @@ def _ones_bf16(device) -> torch.Tensor:
     return _ONES16[key]
 
 
-def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth_k: bool = True):
-    """``(q8, qs, k8, ks, v16, k_mean)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k, v."""
+def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth_k: bool = True, flags=None):
+    """``(q8, qs, k8, ks, v16, k_mean)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k, v; ``flags``
+    (B * H,) int32, optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf set to 1."""
     k_mean = token_mean(k, kv_lens) if smooth_k else None
-    k8, ks = prepare_qk_int8(k, 1.0, per_row=False, signs=signs, kv_lens=kv_lens, mean=k_mean)
-    q8, qs = prepare_qk_int8(q, scale * LOG2E, per_row=True, signs=signs)
-    return q8, qs, k8, ks, prepare_v_bf16(v, kv_lens), k_mean
+    k8, ks = prepare_qk_int8(k, 1.0, per_row=False, signs=signs, kv_lens=kv_lens, mean=k_mean, flags=flags)
+    q8, qs = prepare_qk_int8(q, scale * LOG2E, per_row=True, signs=signs, flags=flags)
+    return q8, qs, k8, ks, prepare_v_bf16(v, kv_lens, flags), k_mean
 
 
 def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse=None, stats=None, cap=32.0,
@@ -93,14 +95,19 @@ def settings_key(recipe) -> str:
     return json.dumps(dict(signs=bool(recipe.hadamard_signs), smooth_k=bool(recipe.smooth_k), **launch_args(recipe)))
 
 
-def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats):
+def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, on_flags=None):
+    """:func:`fused_attention_int8_op`'s work; with ``on_flags`` (eager calls) the pre-pass also writes the non-finite
+    flags, (B * H,) int32, and ``on_flags(flags)`` runs before the attention kernel's launch."""
     cfg = json.loads(key)
     signs, smooth_k = cfg.pop("signs"), cfg.pop("smooth_k")
     b, h, s_q, d = q.shape
     out = torch.empty((b, s_q, h, d) if out_bshd else (b, h, s_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, s_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
     stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
-    ops = prepass_int8(q, k, v, scale, kv_lens, signs, smooth_k)
+    flags = torch.zeros((b * h,), dtype=torch.int32, device=q.device) if on_flags is not None else None
+    ops = prepass_int8(q, k, v, scale, kv_lens, signs, smooth_k, flags)
+    if on_flags is not None:
+        on_flags(flags)
     attention_int8_from_operands(ops, out.transpose(1, 2) if out_bshd else out, s_q, k.shape[2], kv_lens,
                                  lse if return_lse else None, stats if want_stats else None, **cfg)
     if return_lse and ops[5] is not None:  # the log-sum-exp of the unsmoothed scores
@@ -125,23 +132,32 @@ def _(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats):
             torch.empty((2,), dtype=torch.int32, device=q.device))
 
 
-def fused_attention_int8(q, k, v, recipe, *, scale: float, kv_lens=None, return_lse=False, return_stats=False):
+def fused_attention_int8(q, k, v, recipe, *, scale: float, kv_lens=None, return_lse=False, return_stats=False,
+                         detect_nonfinite=False):
     """Backend entry for INT8 recipes: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or
-    None, None)`` (no non-finite flags: the caller detects them)."""
+    None, flags)`` as :func:`kernels.ops.fused_attention` (``flags``: with ``detect_nonfinite`` the pre-pass's
+    :class:`fsattn_diffusers.nonfinite.StagedFlags`, else None)."""
     from .ops import visited_tiles
 
     out_bshd = q.stride(1) < q.stride(2)
     if kv_lens is not None:
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
-    out, lse, st = fused_attention_int8_op(q, k, v, kv_lens, float(scale), settings_key(recipe), bool(return_lse),
-                                           out_bshd, bool(return_stats))
+    args = (q, k, v, kv_lens, float(scale), settings_key(recipe), bool(return_lse), out_bshd, bool(return_stats))
+    staged = None
+    if detect_nonfinite:
+        def stage(flags):
+            nonlocal staged
+            staged = StagedFlags(flags.view(q.shape[0], q.shape[1]) > 0)
+        out, lse, st = _fused_int8(*args, on_flags=stage)
+    else:
+        out, lse, st = fused_attention_int8_op(*args)
     out = out.transpose(1, 2) if out_bshd else out
     stats = None
     if return_stats:
         rows, tiles_rb = (int(x) for x in st.tolist())
         tiles = visited_tiles(q.shape[0], q.shape[1], q.shape[2], k.shape[2], kv_lens)
         stats = {"rollbacks": rows, "tiles": tiles, "rollback_tiles": tiles_rb, "rollback_rate": tiles_rb / max(1, tiles)}
-    return out, (lse if return_lse else None), stats, None
+    return out, (lse if return_lse else None), stats, staged
 
 
 def attention_int8(q, k, v, recipe="int8-bf16", scale: Optional[float] = None, kv_lens=None):

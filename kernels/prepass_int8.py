@@ -10,6 +10,9 @@ Outputs (the attention kernel's operands, :mod:`kernels.fused_attention_gluon_in
 * V16 (B, H, SKP, D) bf16: V rounded to BF16, zero at and past ``kv_lens`` (the kernel's P is 0 there, and a zero row
   keeps a padded key's garbage out of ``0 * V``).
 
+Each kernel can also flag the (batch, head) slices whose input holds a NaN or an inf (keys past ``kv_lens`` left out),
+as :func:`kernels.nonfinite_flags.flag_nonfinite` does, from its own reads.
+
 Rounding follows :func:`fsattn_diffusers.operands.prequantize_qk` and
 :func:`fsattn_diffusers.formats.fake_quantize_int8_rows`: ``code = rne(y / s)`` with IEEE divisions, clamped to
 [-127, 127].
@@ -25,7 +28,7 @@ import triton.language as tl
 
 from fsattn_diffusers.formats import INT8_MAX as _INT8_MAX
 
-from .common import RNE_MAGIC, load_slice_rows
+from .common import RNE_MAGIC, flag_nonfinite_rows, load_slice_rows
 from .prepass import INTERPRET, KEY_TILE, ROWS, _bf16_value, _hadamard_pm1, padded
 
 # The largest INT8 code (codes -127..127), as a Triton constant.
@@ -35,13 +38,16 @@ WARPS = 8
 
 
 @triton.jit
-def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, H, S, SP, rsqrt_d, mult,
+def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, H, S, SP, rsqrt_d, mult,
                     D: tl.constexpr, BS: tl.constexpr, PER_ROW: tl.constexpr, HAS_MEAN: tl.constexpr,
-                    HAS_KVL: tl.constexpr, DOT_F32: tl.constexpr, HW_CVT: tl.constexpr):
+                    HAS_KVL: tl.constexpr, DOT_F32: tl.constexpr, HW_CVT: tl.constexpr,
+                    HAS_FLAGS: tl.constexpr = False):
     """Program (row tile, batch x head): ``BS`` rows to INT8 codes in OUT and their scale(s) in SC."""
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
+    if HAS_FLAGS:
+        flag_nonfinite_rows(x, FLAGS, bh)
     cols = tl.arange(0, D)
     if X.dtype.element_ty == tl.bfloat16:
         x = x.to(tl.float32)
@@ -72,7 +78,24 @@ def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, H, S, SP, rsq
         tl.store(SC + bh * (SP // BS) + pid_s, sc)
 
 
-def prepare_qk_int8(x: torch.Tensor, multiplier: float, per_row: bool, signs: bool, kv_lens=None, mean=None):
+@triton.jit
+def _v_bf16_kernel(V, svb, svh, svs, svd, KVL, OUT, FLAGS, H, S, SP, D: tl.constexpr, BS: tl.constexpr,
+                   HAS_KVL: tl.constexpr, HAS_FLAGS: tl.constexpr, HW_CVT: tl.constexpr):
+    """Program (key tile, batch x head): ``BS`` keys of V to BF16 (nearest-even) in OUT, zero at and past the valid
+    keys."""
+    pid_s = tl.program_id(0)
+    bh = tl.program_id(1)
+    x, rows, n = load_slice_rows(V, svb, svh, svs, svd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
+    if HAS_FLAGS:
+        flag_nonfinite_rows(x, FLAGS, bh)
+    cols = tl.arange(0, D)
+    if V.dtype.element_ty != tl.bfloat16:  # the interpreter's fp32 -> bf16 cast truncates: round first
+        x = _bf16_value(x.to(tl.float32), HW_CVT)
+    tl.store(OUT + bh.to(tl.int64) * SP * D + rows[:, None] * D + cols[None, :], x.to(tl.bfloat16))
+
+
+def prepare_qk_int8(x: torch.Tensor, multiplier: float, per_row: bool, signs: bool, kv_lens=None, mean=None,
+                    flags=None):
     """Q (``per_row=True``, one scale per row) or K (one scale per 128 keys) as INT8 codes and fp32 scales.
 
     Parameters
@@ -84,6 +107,8 @@ def prepare_qk_int8(x: torch.Tensor, multiplier: float, per_row: bool, signs: bo
         ``Recipe.hadamard_signs``: the rotation's fixed signs.
     kv_lens : int32 tensor (B,), optional (K): rows at or past ``kv_lens[b]`` are zeros.
     mean : Tensor (B, H, 1, D) float32, optional: subtracted from every valid row (``Recipe.smooth_k``).
+    flags : (B * H,) int32, optional: set to 1 for the slices whose input (rows before ``kv_lens``) holds a NaN or an
+        inf (never cleared).
 
     Returns
     -------
@@ -97,19 +122,21 @@ def prepare_qk_int8(x: torch.Tensor, multiplier: float, per_row: bool, signs: bo
     hm = _hadamard_pm1(d, "bfloat16", str(x.device), signs)
     _int8_qk_kernel[(sp // ROWS, b * h)](
         x, *x.stride(), out, scales, hm, mean.reshape(b * h, d).contiguous() if mean is not None else scales,
-        kv_lens if kv_lens is not None else scales, h, s, sp, 1.0 / math.sqrt(d), float(multiplier),
-        D=d, BS=ROWS, PER_ROW=per_row, HAS_MEAN=mean is not None, HAS_KVL=kv_lens is not None,
-        DOT_F32=INTERPRET, HW_CVT=not INTERPRET, num_warps=WARPS)
+        kv_lens if kv_lens is not None else scales, flags if flags is not None else scales, h, s, sp,
+        1.0 / math.sqrt(d), float(multiplier), D=d, BS=ROWS, PER_ROW=per_row, HAS_MEAN=mean is not None,
+        HAS_KVL=kv_lens is not None, DOT_F32=INTERPRET, HW_CVT=not INTERPRET, HAS_FLAGS=flags is not None,
+        num_warps=WARPS)
     return out, scales
 
 
-def prepare_v_bf16(v: torch.Tensor, kv_lens=None) -> torch.Tensor:
-    """V (B, H, S, D) as BF16 in a (B, H, SKP, D) zero-padded layout, keys at or past ``kv_lens[b]`` zero."""
+def prepare_v_bf16(v: torch.Tensor, kv_lens=None, flags=None) -> torch.Tensor:
+    """V (B, H, S, D), any strides, as BF16 in a (B, H, SKP, D) zero-padded layout, keys at or past ``kv_lens[b]``
+    zero (never read); ``flags`` as :func:`prepare_qk_int8`'s."""
     b, h, s, d = v.shape
-    out = torch.zeros((b, h, padded(s, KEY_TILE), d), dtype=torch.bfloat16, device=v.device)
-    if kv_lens is None:
-        out[:, :, :s] = v
-    else:  # a select, not a product: 0 * NaN past kv_lens would be NaN
-        keep = torch.arange(s, device=v.device)[None, :] < kv_lens.to(v.device)[:, None]
-        out[:, :, :s] = torch.where(keep[:, None, :, None], v, torch.zeros((), dtype=v.dtype, device=v.device))
+    sp = padded(s, KEY_TILE)
+    out = torch.empty((b, h, sp, d), dtype=torch.bfloat16, device=v.device)
+    _v_bf16_kernel[(sp // KEY_TILE, b * h)](v, *v.stride(), kv_lens if kv_lens is not None else out, out,
+                                            flags if flags is not None else out, h, s, sp, D=d, BS=KEY_TILE,
+                                            HAS_KVL=kv_lens is not None, HAS_FLAGS=flags is not None,
+                                            HW_CVT=not INTERPRET, num_warps=WARPS)
     return out

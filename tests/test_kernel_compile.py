@@ -76,3 +76,26 @@ def test_the_key_term_is_summed_before_the_scores_are_chained_on_it(name):
         assert use_acc == "false", f"the key term accumulates onto {dots[i][1]}"
         assert i + 1 < len(dots) and dots[i + 1][1] == result and dots[i + 1][2] == "true" and dots[i + 1][4] != "32", \
             f"the score GEMM after the key term is not chained on it: {dots[i + 1:i + 2]}"
+
+
+@pytest.mark.parametrize("kernel,const", [
+    ("_int8_qk_kernel", dict(PER_ROW=True, HAS_MEAN=False, HAS_KVL=False, HAS_FLAGS=True, DOT_F32=False)),
+    ("_int8_qk_kernel", dict(PER_ROW=False, HAS_MEAN=True, HAS_KVL=True, HAS_FLAGS=True, DOT_F32=False)),
+    ("_v_bf16_kernel", dict(HAS_KVL=True, HAS_FLAGS=True))])
+def test_the_int8_pre_pass_compiles_for_sm90a_without_spills(kernel, const):
+    import triton
+    from triton.compiler import ASTSource
+
+    from fsattn_diffusers.kernels import prepass_int8
+
+    fn = getattr(prepass_int8, kernel)
+    types = dict(kernel_sass.TYPES, X="*bf16", V="*bf16", OUT="*i8" if kernel == "_int8_qk_kernel" else "*bf16",
+                 SC="*fp32", HM="*bf16", MEAN="*fp32", sxb="i32", sxh="i32", sxs="i32", sxd="i32", svb="i32",
+                 svh="i32", svs="i32", svd="i32", S="i32", SP="i32", rsqrt_d="fp32", mult="fp32")
+    c = dict(D=128, BS=128, HW_CVT=True, **const)
+    sig, constexprs, attrs = kernel_sass._signature(fn, types, c)
+    compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                              target=kernel_sass.TARGET, options={"num_warps": prepass_int8.WARPS})
+    regs, spills = kernel_sass.register_use(compiled)
+    print(f"{kernel} {const}: registers {regs}, spill-store bytes {spills}")
+    assert regs and max(regs) <= 255 and spills and max(spills) == 0

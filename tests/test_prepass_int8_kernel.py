@@ -45,3 +45,19 @@ def test_codes_and_scales_are_the_references(b, h, s, d, kv_lens, dtype):
     assert diffs == [0, 0, 0, 0, 0]
     assert bool((q8[:, :, s:] == 0).all()) and bool((k8[:, :, s:] == 0).all()) and bool((v16[:, :, s:] == 0).all())
     assert all(torch.equal(a, c) for a, c in zip(before, (q, k, v)))
+
+
+def test_the_pre_pass_flags_the_slices_with_non_finite_inputs():
+    b, h, s, d = 2, 3, 200, 64
+    g = torch.Generator().manual_seed(9)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3))
+    q[0, 1, 17, 3] = float("nan")
+    k[1, 2, 40, 0] = float("inf")
+    v[1, 0, 150:] = float("nan")  # past kv_lens[1]: never read, not flagged
+    v[0, 2, 5, 5] = float("-inf")
+    kvl = torch.tensor([200, 150], dtype=torch.int32, device=DEV)
+    flags = torch.zeros((b * h,), dtype=torch.int32, device=DEV)
+    prepass_int8(q, k, v, d ** -0.5, kvl, flags=flags)
+    got = flags.view(b, h).cpu().tolist()
+    print(got)
+    assert got == [[0, 1, 1], [0, 0, 1]]
