@@ -42,10 +42,7 @@ def main(argv=None) -> int:
     sys.path.insert(0, TESTS)
     import test_kernel_fuzz_gpu as fuzz  # the test's recipes, variants, kernel and reference
 
-    from fsattn_diffusers.kernels.ops import effective_variant
-    from fsattn_diffusers.kernels.plan import plan_for
     from fsattn_diffusers.measure.kernel_fuzz import MAX_WORK, case_line, generate_cases, run_case
-    from fsattn_diffusers.recipe import get_recipe
 
     wanted = _indices(a.items)
     if not wanted:
@@ -63,7 +60,7 @@ def main(argv=None) -> int:
         for recipe, variant in [(cases[i].recipe, v) for v in ("gluon_pingpong", "triton", "api")] + \
                 [(r, v) for r in extra for v in ("gluon_pingpong", "triton")]:
             case = dataclasses.replace(cases[i], recipe=recipe, variant=variant)
-            runs = effective_variant(None if variant == "api" else variant, plan_for(get_recipe(case.recipe)))
+            runs = fuzz._runs(case.recipe, variant)
             print(case_line(run_case(case, fuzz.kernel, fuzz.reference, fuzz.DEV)) + f" (runs {runs})", flush=True)
     return 0
 

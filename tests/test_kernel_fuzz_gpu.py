@@ -38,13 +38,34 @@ pytestmark = pytest.mark.gpu
 #: shared offset, kernel_fuzz.SWITCH_Q_OFFSET, and both of the kernel's launches run), Rowmax-H15 (the kernels' second
 #: exponential) and Q smoothing on every slice (its key term, a wgmma the score GEMM is chained on in gluon_pingpong:
 #: with fp8_row P and the lowering gate, and with MXFP6 P).
+#: The INT8 Q/K preset runs its own kernel (kernels/fused_attention_gluon_int8.py, every variant; Gluon has no
+#: interpreter, so not on the CPU).
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
+                and (r.qk_format != "int8" or not CPU_INTERPRET)
                 ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q+smooth_q_min_ratio=0",
                      "mxfp6+smooth_q+smooth_q_min_ratio=0")
+INT8_KERNEL = "gluon_int8"
 FUZZ_VARIANTS = VARIANTS + ("api",)
 
 
+def _runs(recipe: str, variant: str) -> str:
+    """The kernel a case's variant runs."""
+    r = get_recipe(recipe)
+    if r.qk_format == "int8":
+        return INT8_KERNEL
+    return effective_variant(None if variant == "api" else variant, plan_for(r))
+
+
 def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
+    if get_recipe(recipe).qk_format == "int8":  # one kernel: the public entry for "api", its launch for the rest
+        from fsattn_diffusers.kernels.ops_int8 import fused_attention_int8
+
+        if variant == "api":
+            torch.full((64 << 20,), float("nan"), device=DEV)  # freed at once: torch.empty hands back NaN
+        o, l, _, _ = fused_attention_int8(q, k, v, get_recipe(recipe), scale=scale, kv_lens=kv, return_lse=True)
+        out.copy_(o)
+        lse.copy_(l)
+        return
     plan = plan_for(get_recipe(recipe))
     if variant == "api":
         if DEV == "cuda":
@@ -86,8 +107,7 @@ def test_kernel_fuzz():
         log.write(header + "\n")
         for case in cases:
             r = run_case(case, kernel, reference, DEV)
-            runs = effective_variant(None if case.variant == "api" else case.variant, plan_for(get_recipe(case.recipe)))
-            line = case_line(r) + f" (runs {runs})"
+            line = case_line(r) + f" (runs {_runs(case.recipe, case.variant)})"
             results.append(r)
             print(line, flush=True)
             log.write(line + "\n")
