@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .policy import Policy, get_policy
+from .policy import HOPPER_HYBRID, Policy, get_policy, slow_formats_on_sm90
 from .processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 from .tracker import CallRecord, StepTracker
 
@@ -130,6 +130,25 @@ def _swap_processor(module, new) -> None:
     module.set_processor(new)
 
 
+def on_sm90() -> bool:
+    """Whether the current CUDA device is a Hopper GPU (compute capability 9.x)."""
+    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+
+
+def warn_slow_formats_on_sm90(policy: Policy) -> None:
+    """On a Hopper GPU, say once per process that ``policy``'s MXFP6/MXFP4 steps run no faster than mxfp8 there and
+    name the Hopper hybrid."""
+    slow = slow_formats_on_sm90(policy)
+    if slow and on_sm90():
+        from ..notices import warn_once
+
+        warn_once("mx block formats on sm90",
+                  f"fsattn: policy {policy.name} runs {', '.join(slow)}, which on this Hopper GPU (sm_90) is no faster "
+                  f"than mxfp8 (one scale per 32 keys of P, which Hopper's GEMMs cannot take); for more precision on "
+                  f"the first and last steps at Hopper speed use policy '{HOPPER_HYBRID}' (int8-bf16 there, mxfp8 "
+                  f"between)")
+
+
 def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) -> FSAttnHandle:
     """Install fsattn processors on the self-attention of every transformer of ``pipe``.
 
@@ -139,8 +158,10 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
         A Wan2.1 / Wan2.2 / HunyuanVideo pipeline (every transformer, e.g. ``transformer`` and
         ``transformer_2``), or one such transformer.
     policy : str, Recipe, mapping or Policy
-        ``"bf16"``, ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"hybrid"``, a schedule string
-        ``"mxfp6:3,mxfp4:14,mxfp6:3"`` or ``{"ends": ..., "middle": ..., "n_ends": ...}``.
+        ``"bf16"``, ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"int8-bf16"``, ``"hybrid"``, ``"hybrid-int8-mxfp8"``
+        (the Hopper hybrid), a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"`` or
+        ``{"ends": ..., "middle": ..., "n_ends": ...}``. On a Hopper GPU a policy with MXFP6/MXFP4 steps warns once
+        that they run no faster than mxfp8 there.
     backend : str
         Passed to :func:`fsattn_diffusers.attention` on every call (``"auto"`` picks per call).
     record : bool
@@ -155,6 +176,8 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
         (``handle.active`` is False) and records nothing more; use the handle this call returns.
     """
     policy = get_policy(policy)
+    if backend != "emulator":
+        warn_slow_formats_on_sm90(policy)
     attention_backend = getattr(policy, "attention_backend", None)
     if attention_backend is not None:  # refuse before anything changes
         refuse_masked_models(pipe, policy.name, attention_backend)

@@ -8,7 +8,10 @@ Accepted specifications (:func:`get_policy`):
 * ``"bf16"`` (alias ``"stock"``): stock attention on every step.
 * ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"exact"``: that fsattn preset on every step.
 * ``"hybrid"``: paper Section 5.3, MXFP6 on the first and last 3 of 20 steps and MXFP4 in between,
-  the number of end steps scaled to other step counts (:class:`EndsPolicy`).
+  the number of end steps scaled to other step counts (:class:`EndsPolicy`). For AITER on MI355X and quality studies:
+  on Hopper MXFP6/MXFP4 run no faster than mxfp8 (:func:`slow_formats_on_sm90` names the policy's such steps).
+* ``"hybrid-int8-mxfp8"``: the same idea mapped to what is fast on Hopper, ``int8-bf16`` (the accurate tier) on the
+  first and last 3 of 20 steps and ``mxfp8`` in between, scaled alike.
 * a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"``: segments in step order for the reference length
   (the sum), scaled proportionally to other step counts (:class:`SchedulePolicy`).
 * a mapping ``{"ends": "bf16", "middle": "mxfp4", "n_ends": 2}`` (optional ``reference_steps``).
@@ -30,12 +33,17 @@ import math
 import re
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..recipe import PRESETS, Recipe, get_recipe
+from ..recipe import INT8_BF16, PRESETS, Recipe, get_recipe
 
 #: Policy entry names that mean "the stock diffusers attention".
 STOCK_NAMES = ("bf16", "stock")
 #: Paper Section 5.3: MXFP6 on the first and last 3 of 20 denoising steps, MXFP4 in between.
 HYBRID_ENDS, HYBRID_MIDDLE, HYBRID_N_ENDS, HYBRID_REFERENCE_STEPS = "mxfp6", "mxfp4", 3, 20
+#: The Hopper hybrid: the accurate tier on the same end steps, mxfp8 in between.
+HOPPER_HYBRID, HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE = "hybrid-int8-mxfp8", INT8_BF16, "mxfp8"
+#: Q/K or P formats that carry one scale per 32 elements of P's keys or Q/K's channels: the MX blocks Hopper's GEMMs
+#: cannot take, so the sm_90 kernels run them no faster than mxfp8.
+MX_BLOCK_FORMATS = ("mxfp6", "mxfp4")
 
 Entry = Optional[Recipe]  # None = stock attention
 _ENDS_KEYS = ("ends", "middle", "n_ends", "reference_steps")
@@ -48,7 +56,7 @@ def entry_name(entry: Entry) -> str:
 
 def policy_names() -> list:
     """Every policy name :func:`get_policy` accepts (besides schedules and mappings), in display order."""
-    return ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid"] + list(BASELINE_POLICIES) + \
+    return ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid", HOPPER_HYBRID] + list(BASELINE_POLICIES) + \
         list(DIFFUSERS_BACKEND_POLICIES)
 
 
@@ -296,6 +304,24 @@ def hybrid_policy() -> EndsPolicy:
                       name="hybrid")
 
 
+def hopper_hybrid_policy() -> EndsPolicy:
+    """The paper's hybrid mapped to Hopper: ``int8-bf16`` for the first and last 3 of 20 steps, ``mxfp8`` in between,
+    scaled (the same end steps as :func:`hybrid_policy`)."""
+    return EndsPolicy(HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE, HYBRID_N_ENDS, reference_steps=HYBRID_REFERENCE_STEPS,
+                      name=HOPPER_HYBRID)
+
+
+def slow_formats_on_sm90(policy: "Policy", num_steps: int = HYBRID_REFERENCE_STEPS) -> List[str]:
+    """The recipes of ``policy`` (over ``num_steps`` steps) whose Q/K, P or V format is MXFP6/MXFP4, which the sm_90
+    kernels run no faster than mxfp8 (one scale per 32 keys of P: Hopper's GEMMs take none)."""
+    names = []
+    for entry in policy.schedule(num_steps):
+        if entry is not None and entry.name not in names and any(
+                f in MX_BLOCK_FORMATS for f in (entry.qk_format, entry.p_format, entry.v_format)):
+            names.append(entry.name)
+    return names
+
+
 def parse_schedule(text: str) -> SchedulePolicy:
     """Parse ``"name:steps,name:steps,..."`` (e.g. ``"mxfp6:3,mxfp4:14,mxfp6:3"``)."""
     segments = []
@@ -381,6 +407,8 @@ def get_policy(spec: Union[str, Recipe, Policy, Mapping]) -> Policy:
         key = text.lower()
         if key == "hybrid":
             return hybrid_policy()
+        if key == HOPPER_HYBRID:
+            return hopper_hybrid_policy()
         if key in BASELINE_POLICIES:
             return baseline_policy(key)
         if key in DIFFUSERS_BACKEND_POLICIES:
@@ -418,5 +446,6 @@ def schedule_line(policy: Policy, num_steps: int) -> str:
 
 
 __all__ = ["schedule_line", "Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
+           "hopper_hybrid_policy", "slow_formats_on_sm90",
            "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES", "BASELINE_POLICIES",
            "baseline_policy", "DIFFUSERS_BACKEND_POLICIES", "DiffusersBackendPolicy", "diffusers_backend_policy"]
