@@ -6,8 +6,8 @@ Launch on 2 GPUs with Ulysses (``--ring_degree 2`` for ring; both for USP on 4):
         --ulysses_degree 2 --policy hybrid --prompt "a cat grooming itself" --num_inference_steps 20 \\
         --guidance_scale 4 --guidance_scale_2 3
 
-``--model HunyuanVideo`` runs HunyuanVideo. Our flags: ``--policy`` (bf16, mxfp8, mxfp6, mxfp4, hybrid or a
-schedule), ``--fsattn_backend``, ``--fsattn_slot`` (the xDiT registry slot fsattn occupies) and
+``--model HunyuanVideo`` runs HunyuanVideo. Our flags: ``--policy`` (bf16, mxfp8, mxfp6, mxfp4, hybrid,
+hybrid-int8-mxfp8 or a schedule), ``--fsattn_backend``, ``--fsattn_slot`` (the xDiT registry slot fsattn occupies) and
 ``--fsattn_cross_slot`` (where Wan's cross-attention stays on bf16). Every other flag goes to xDiT's own
 runner (``xfuser.runner``) unchanged. xDiT's ``--use_hybrid_attn_schedule`` is refused: ``--policy`` is the
 schedule. Needs ``pip install xfuser`` (0.7.x) on a CUDA machine and the model weights.
@@ -51,7 +51,7 @@ def xdit_argv(ours: argparse.Namespace, rest: Sequence[str], supports_cross_back
     clash = [f for f in _SCHEDULE_FLAGS if any(a == f or a.startswith(f + "=") for a in rest)]
     if clash:
         raise ValueError(f"{clash[0]} conflicts with --policy (fsattn follows the denoising step itself); "
-                         f"accepted: --policy hybrid or a schedule like mxfp6:3,mxfp4:14,mxfp6:3")
+                         f"accepted: --policy hybrid, hybrid-int8-mxfp8 or a schedule like mxfp6:3,mxfp4:14,mxfp6:3")
     slot = ours.fsattn_slot
     given = _flag_value(rest, "--attention_backend")
     if given is None:

@@ -54,3 +54,15 @@ def test_a_real_hybrid_run_switches_recipes_by_step():
     table = e2e.summarize({"bf16": bf16}, schedules={"hybrid": run})
     assert table["hybrid"]["speedup"] == pytest.approx(bf16["step_median_s"] / run["step_mean_s"])
     assert "real 8-step run" in table["hybrid"]["note"]
+
+
+def test_a_real_hopper_hybrid_run_switches_between_the_accurate_tier_and_mxfp8():
+    """The Hopper hybrid through ``run_schedule`` (CPU, emulator): int8-bf16 on the end step of each side at 4
+    steps, mxfp8 between, every call on its planned recipe."""
+    spec = e2e.wan22_spec(frames=5, height=64, width=64, scale=TINY_WAN)
+    model = e2e.build_transformer(spec, "cpu", dtype=torch.float32)
+    inputs = e2e.make_inputs(spec, "cpu", dtype=torch.float32)
+    run = e2e.run_schedule(model, inputs, spec, "hybrid-int8-mxfp8", steps=4, warmup=0, backend="emulator")
+    print(run["plan"], run["ran"], run["fallback_calls"])
+    assert run["plan"] == ["int8-bf16", "mxfp8", "mxfp8", "int8-bf16"]
+    assert run["ran"] == [[name] for name in run["plan"]] and run["fallback_calls"] == 0

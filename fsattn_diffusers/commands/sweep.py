@@ -27,8 +27,11 @@ def add_arguments(p) -> None:
     src.add_argument("--prompt", action="extend", nargs="+", default=None, metavar="TEXT",
                      help="prompt(s); repeat the flag or list several")
     src.add_argument("--prompts", default=None, metavar="FILE", help="text file, one prompt per line (# comments)")
+    from ..integration.policy import policy_names
+
     p.add_argument("--policies", action="append", default=None, metavar="LIST",
-                   help=f"comma list of policies (default: {','.join(DEFAULT_POLICIES)}; baselines: fa3, fa3-fp8, "
+                   help=f"comma list of policies: {', '.join(policy_names())} "
+                        f"or a schedule (default: {','.join(DEFAULT_POLICIES)}; baselines: fa3, fa3-fp8, "
                         "sage = SageAttention through diffusers' set_attention_backend('sage')); a schedule such as "
                         "mxfp6:3,mxfp4:14,mxfp6:3 may appear inside (consecutive NAME:STEPS items form one "
                         "schedule; separate two schedules with ';' or a second --policies); bf16 is always added")

@@ -12,7 +12,7 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .policy import HOPPER_HYBRID, Policy, get_policy, slow_formats_on_sm90
+from .policy import HOPPER_HYBRID, HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE, Policy, get_policy, slow_formats_on_sm90
 from .processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 from .tracker import CallRecord, StepTracker
 
@@ -130,23 +130,43 @@ def _swap_processor(module, new) -> None:
     module.set_processor(new)
 
 
+#: :func:`~fsattn_diffusers.notices.warn_once` key of the notice that MXFP6/MXFP4 run no faster than mxfp8 on Hopper.
+SM90_MX_NOTICE = "mx block formats on sm90"
+
+
 def on_sm90() -> bool:
-    """Whether the current CUDA device is a Hopper GPU (compute capability 9.x)."""
+    """Whether CUDA is available and its current device is a Hopper GPU (compute capability 9.x).
+
+    Returns
+    -------
+    bool
+        False on CPU-only machines and on every other architecture.
+    """
     return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
 
 
 def warn_slow_formats_on_sm90(policy: Policy) -> None:
-    """On a Hopper GPU, say once per process that ``policy``'s MXFP6/MXFP4 steps run no faster than mxfp8 there and
-    name the Hopper hybrid."""
+    """On a Hopper GPU, say once per process that ``policy``'s MXFP6/MXFP4 steps run no faster than mxfp8 there.
+
+    The one-line :class:`~fsattn_diffusers.notices.FSAttnWarning` (:func:`~fsattn_diffusers.notices.warn_once`,
+    key :data:`SM90_MX_NOTICE`) names the Hopper hybrid. Nothing on other devices or for policies without such
+    steps (:func:`~fsattn_diffusers.integration.policy.slow_formats_on_sm90`).
+
+    Parameters
+    ----------
+    policy : Policy
+        The resolved policy being installed.
+    """
     slow = slow_formats_on_sm90(policy)
     if slow and on_sm90():
         from ..notices import warn_once
 
-        warn_once("mx block formats on sm90",
-                  f"fsattn: policy {policy.name} runs {', '.join(slow)}, which on this Hopper GPU (sm_90) is no faster "
-                  f"than mxfp8 (one scale per 32 keys of P, which Hopper's GEMMs cannot take); for more precision on "
-                  f"the first and last steps at Hopper speed use policy '{HOPPER_HYBRID}' (int8-bf16 there, mxfp8 "
-                  f"between)")
+        verb = "runs" if len(slow) == 1 else "run"
+        warn_once(SM90_MX_NOTICE,
+                  f"fsattn: policy {policy.name}: {' and '.join(slow)} {verb} no faster than mxfp8 on this Hopper GPU "
+                  f"(sm_90: one scale per 32 keys of P, which its GEMMs cannot take); use mxfp8, or policy "
+                  f"'{HOPPER_HYBRID}' for more precision on the first and last steps ({HOPPER_HYBRID_ENDS} there, "
+                  f"{HOPPER_HYBRID_MIDDLE} between)")
 
 
 def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) -> FSAttnHandle:

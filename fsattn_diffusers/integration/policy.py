@@ -305,17 +305,40 @@ def hybrid_policy() -> EndsPolicy:
 
 
 def hopper_hybrid_policy() -> EndsPolicy:
-    """The paper's hybrid mapped to Hopper: ``int8-bf16`` for the first and last 3 of 20 steps, ``mxfp8`` in between,
-    scaled (the same end steps as :func:`hybrid_policy`)."""
+    """The paper's hybrid mapped to what is fast on Hopper.
+
+    Returns
+    -------
+    EndsPolicy
+        Named ``"hybrid-int8-mxfp8"``: ``int8-bf16`` (the accurate tier) on the first and last
+        ``HYBRID_N_ENDS`` of ``HYBRID_REFERENCE_STEPS`` steps, ``mxfp8`` in between, the end steps scaled to
+        other step counts exactly as :func:`hybrid_policy`'s (the same constants).
+    """
     return EndsPolicy(HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE, HYBRID_N_ENDS, reference_steps=HYBRID_REFERENCE_STEPS,
                       name=HOPPER_HYBRID)
 
 
-def slow_formats_on_sm90(policy: "Policy", num_steps: int = HYBRID_REFERENCE_STEPS) -> List[str]:
-    """The recipes of ``policy`` (over ``num_steps`` steps) whose Q/K, P or V format is MXFP6/MXFP4, which the sm_90
-    kernels run no faster than mxfp8 (one scale per 32 keys of P: Hopper's GEMMs take none)."""
+def slow_formats_on_sm90(policy: "Policy", num_steps: Optional[int] = None) -> List[str]:
+    """The recipes of ``policy`` that the sm_90 kernels run no faster than mxfp8.
+
+    Parameters
+    ----------
+    policy : Policy
+        A resolved policy (:func:`get_policy`).
+    num_steps : int, optional
+        Steps to plan over; default the policy's ``reference_steps`` (every segment of a schedule as
+        written), or ``HYBRID_REFERENCE_STEPS`` when it has none.
+
+    Returns
+    -------
+    list of str
+        Names of the recipes, in step order without repeats, whose Q/K, P or V format is one of
+        :data:`MX_BLOCK_FORMATS` (one scale per 32 keys of P or channels of Q/K, which Hopper's GEMMs
+        cannot take); empty when there are none.
+    """
+    steps = num_steps or policy.reference_steps or HYBRID_REFERENCE_STEPS
     names = []
-    for entry in policy.schedule(num_steps):
+    for entry in policy.schedule(steps):
         if entry is not None and entry.name not in names and any(
                 f in MX_BLOCK_FORMATS for f in (entry.qk_format, entry.p_format, entry.v_format)):
             names.append(entry.name)

@@ -18,6 +18,7 @@ from unittest import mock
 
 import torch
 
+from ..integration.policy import HYBRID_N_ENDS, HYBRID_REFERENCE_STEPS
 from .provenance import policy_record
 
 # Wan2.2-T2V-A14B (one expert): 40 layers, 40 heads of 128, model dim 5120, FFN 13824 (diffusers config).
@@ -31,9 +32,10 @@ HUNYUAN_VIDEO = dict(in_channels=16, out_channels=16, num_attention_heads=24, at
                      pooled_projection_dim=768, rope_theta=256.0, rope_axes_dim=(16, 56, 56))
 # Realistic initial weight scale so activations stay finite (the issue asks for e.g. N(0, 0.02)).
 WEIGHT_STD = 0.02
-# The paper's Wan2.2 run: 20 denoising steps; the hybrid schedule runs mxfp6 on the first and last 3.
-PAPER_STEPS = 20
-HYBRID_ENDS = 3
+# The paper's Wan2.2 run: 20 denoising steps; the hybrid schedule runs mxfp6 on the first and last 3 (the policy
+# module's constants, which the schedules of both hybrids use).
+PAPER_STEPS = HYBRID_REFERENCE_STEPS
+HYBRID_ENDS = HYBRID_N_ENDS
 
 
 @dataclass
@@ -285,9 +287,10 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
 def run_schedule(model, inputs, spec: ModelSpec, policy: str = "hybrid", steps: int = PAPER_STEPS, warmup: int = 1,
                  backend: str = "auto") -> dict:
     """Time one real run of ``steps`` denoising steps under a step-scheduled ``policy`` (``"hybrid"``: mxfp6 on the
-    first and last 3 of 20 steps, mxfp4 between), as a pipeline runs it: :func:`fsattn_diffusers.apply` on the
-    transformer, one timestep per step (``calls_per_step`` forwards each), the processors switching recipes by
-    themselves. Before the run, ``warmup`` untimed forwards per recipe of the plan (kernel compilation).
+    first and last 3 of 20 steps, mxfp4 between; ``"hybrid-int8-mxfp8"``: int8-bf16 there, mxfp8 between), as a
+    pipeline runs it: :func:`fsattn_diffusers.apply` on the transformer, one timestep per step (``calls_per_step``
+    forwards each), the processors switching recipes by themselves. Before the run, ``warmup`` untimed forwards per
+    recipe of the plan (kernel compilation).
 
     Returns ``{"policy", "steps", "plan", "ran", "fallback_calls", "step_seconds", "total_s", "step_mean_s"}``:
     ``plan`` the policy's recipe per step, ``ran`` the recipes the calls of each step actually used (from the

@@ -28,7 +28,7 @@ import torch
 
 from ..api import attention, supported_head_dim
 from ..backends import warn_once
-from ..integration.install import step_summary
+from ..integration.install import step_summary, warn_slow_formats_on_sm90
 from ..integration.policy import Entry, entry_name, get_policy
 from ..integration.tracker import CallRecord, StepTracker
 
@@ -221,7 +221,9 @@ def install(policy="hybrid", pipe=None, *, slot: str = DEFAULT_SLOT, cross_slot:
     Parameters
     ----------
     policy : str, Recipe, mapping or Policy
-        ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"hybrid"``, a schedule ``"mxfp6:3,mxfp4:14,mxfp6:3"``, ...
+        ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"hybrid"``, ``"hybrid-int8-mxfp8"`` (the Hopper hybrid), a schedule
+        ``"mxfp6:3,mxfp4:14,mxfp6:3"``, ... On a Hopper GPU a policy with MXFP6/MXFP4 steps warns once that they run
+        no faster than mxfp8 there.
     pipe : diffusers pipeline or transformer, optional
         Followed for the denoising step (also later with :meth:`XDiTHandle.follow`).
     slot : str
@@ -260,6 +262,8 @@ def install(policy="hybrid", pipe=None, *, slot: str = DEFAULT_SLOT, cross_slot:
         raise ValueError(f"xDiT registry has no kernel in slot {name}; accepted: an xfuser 0.7 registry")
     tracker = StepTracker(record=record)
     fn = XDiTAttention(policy, current, backend=backend, tracker=tracker, need_lse=need_lse, name=f"xdit:{name}")
+    if backend != "emulator":
+        warn_slow_formats_on_sm90(fn.policy)
     registry[key] = fn
     handle = XDiTHandle(fn, registry, key, current)
     try:
