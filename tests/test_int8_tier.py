@@ -87,3 +87,31 @@ def test_the_hopper_kernel_takes_the_tier_and_says_why_not_for_what_it_lacks():
     ex = exact_attention(q, k, v)[0]
     print(relative_error(out, ex))
     assert torch.equal(q, input_copy) and relative_error(out, ex) < 0.03
+
+
+def test_the_hopper_reference_of_the_tier():
+    """``numerics="sm90"`` for INT8 Q/K (SM90Int8Numerics): integer scores exact, times float32(s_q s_k) once; the
+    same error against exact attention as the paper's numerics; Q smoothing refused in one line."""
+    from fsattn_diffusers.emulator import sm90_reference_attention
+    from fsattn_diffusers.numerics import SM90Int8Numerics
+
+    recipe = PRESETS[TIER]
+    g = torch.Generator().manual_seed(4)
+    q, k, v = (torch.randn(1, 2, 300, 64, generator=g) for _ in range(3))
+    num = SM90Int8Numerics(recipe.replace(numerics="sm90"))
+    qo, ko, *_ = num.operands(q, k, v, 0.125, None)
+    qo, ko = qo.reshape(2, 300, 65), ko.reshape(2, 300, 65)
+    x = num.scores(qo, ko[:, :128])
+    exact_int = torch.matmul(qo[..., :-1].double(), ko[:, :128, :-1].double().transpose(1, 2))
+    want = (exact_int * (qo[..., -1:] * ko[:, :128, -1][:, None, :]).double()).float()
+    assert bool((qo[..., :-1] == qo[..., :-1].round()).all()) and float(qo[..., :-1].abs().max()) <= 127
+    assert torch.equal(x, want)
+    out, lse, stats = sm90_reference_attention(q, k, v, recipe, scale=0.125)
+    ex = exact_attention(q, k, v, 0.125)[0]
+    emu = fa.attention(q, k, v, recipe, layout="bhsd", scale=0.125)
+    print(relative_error(out, ex), relative_error(emu, ex), relative_error(out, emu), stats)
+    assert abs(relative_error(out, ex) - relative_error(emu, ex)) < 2e-3 and relative_error(out, emu) < 1e-2
+    with pytest.raises(ValueError) as err:
+        sm90_reference_attention(q, k, v, recipe.replace(smooth_q=True, smooth_q_min_ratio=0.0), scale=0.125)
+    print(err.value)
+    assert "smooth_q=False" in str(err.value) and "\n" not in str(err.value)
