@@ -3,7 +3,6 @@ launch."""
 
 from __future__ import annotations
 
-import json
 import math
 from typing import Optional, Tuple
 
@@ -90,16 +89,24 @@ def launch_args(recipe) -> dict:
 
 
 def settings_key(recipe) -> str:
-    """What the INT8 kernel takes from ``recipe``, as a string (a custom op's argument): the rotation's signs, K
-    smoothing and :func:`launch_args`."""
-    return json.dumps(dict(signs=bool(recipe.hadamard_signs), smooth_k=bool(recipe.smooth_k), **launch_args(recipe)))
+    """What the INT8 kernel takes from ``recipe``, as a string (a custom op's argument, built without leaving a
+    ``torch.compile`` graph): the rotation's signs, K smoothing and :func:`launch_args`, comma-separated."""
+    a = launch_args(recipe)
+    return ",".join(str(x) for x in (int(recipe.hadamard_signs), int(recipe.smooth_k), a["cap"], a["floor"],
+                                     int(a["diagonal"]), a["m_offset"]))
+
+
+def _settings(key: str):
+    """``(signs, smooth_k, launch_args)`` from :func:`settings_key`'s string."""
+    signs, smooth_k, cap, floor, diagonal, m_offset = key.split(",")
+    return bool(int(signs)), bool(int(smooth_k)), dict(cap=float(cap), floor=float(floor), diagonal=bool(int(diagonal)),
+                                                       m_offset=float(m_offset))
 
 
 def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, on_flags=None):
     """:func:`fused_attention_int8_op`'s work; with ``on_flags`` (eager calls) the pre-pass also writes the non-finite
     flags, (B * H,) int32, and ``on_flags(flags)`` runs before the attention kernel's launch."""
-    cfg = json.loads(key)
-    signs, smooth_k = cfg.pop("signs"), cfg.pop("smooth_k")
+    signs, smooth_k, cfg = _settings(key)
     b, h, s_q, d = q.shape
     out = torch.empty((b, s_q, h, d) if out_bshd else (b, h, s_q, d), dtype=q.dtype, device=q.device)
     lse = torch.empty((b, h, s_q) if return_lse else (0,), dtype=torch.float32, device=q.device)

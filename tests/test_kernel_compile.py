@@ -99,3 +99,19 @@ def test_the_int8_pre_pass_compiles_for_sm90a_without_spills(kernel, const):
     regs, spills = kernel_sass.register_use(compiled)
     print(f"{kernel} {const}: registers {regs}, spill-store bytes {spills}")
     assert regs and max(regs) <= 255 and spills and max(spills) == 0
+
+
+def test_the_int8_kernel_settings_travel_as_a_string_that_torch_compile_builds_in_graph():
+    import torch
+
+    from fsattn_diffusers.kernels.ops_int8 import _settings, launch_args, settings_key
+    from fsattn_diffusers.recipe import get_recipe
+
+    for name in ("int8-bf16", "int8-bf16+key_order=diagonal+rollback_floor_log2=10", "int8-bf16+rollback=false"):
+        recipe = get_recipe(name)
+        key = settings_key(recipe)
+        print(name, key)
+        assert _settings(key) == (recipe.hadamard_signs, recipe.smooth_k, launch_args(recipe))
+    recipe = get_recipe("int8-bf16")
+    explained = torch._dynamo.explain(lambda x: x * len(settings_key(recipe)))(torch.ones(3))
+    assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
