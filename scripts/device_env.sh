@@ -1,6 +1,6 @@
 # Shared preamble of the device scripts (sourced, not run): source "$(dirname "$0")/device_env.sh"
 # Strict mode, repository root as working directory, $OUT required, carried wheels (.whl/*.whl) installed to
-# /tmp/site, the package importable exactly as installed (fsattn_diffusers.kernels / .pipelines, no setuptools,
+# /tmp/site, SageAttention 2 built from a carried .sage/ folder, the package importable exactly as installed (fsattn_diffusers.kernels / .pipelines, no setuptools,
 # no network), `fsattn` on PATH, the environment appended to $OUT/env.txt; defines run_logged and finish.
 set -euo pipefail
 
@@ -60,6 +60,17 @@ printf '#!/bin/sh\nexec python3 -m fsattn_diffusers "$@"\n' > /tmp/fsattn_bin/fs
 chmod +x /tmp/fsattn_bin/fsattn
 export PATH=/tmp/fsattn_bin:$PATH
 
+# SageAttention 2 as a baseline: when the folder of ../shared/baselines/sageattention is carried as .sage/, build it
+# once per machine (~85 s, under a lock) into /tmp/sage and put it on PYTHONPATH (the sage columns and policy).
+if [[ -f .sage/build_sm90.sh && ${SAGE_BUILD:-1} == 1 ]]; then
+  (
+    command -v flock >/dev/null && flock 9
+    [[ -e /tmp/sage/sageattention/__init__.py ]] || bash .sage/build_sm90.sh /tmp/sage > /tmp/sage_build.log 2>&1 ||
+      { echo "device_env.sh: the SageAttention 2 build failed (/tmp/sage_build.log):" >&2; tail -5 /tmp/sage_build.log >&2; }
+  ) 9>/tmp/fsattn-sage.lock
+  [[ -e /tmp/sage/sageattention/__init__.py ]] && export PYTHONPATH=/tmp/sage:$PYTHONPATH
+fi
+
 python3 - "$PWD" <<'PY' || { echo "device_env.sh: the package is not importable from $PWD (see above)" >&2; exit 1; }
 import os, sys
 if sys.version_info < (3, 11):
@@ -86,7 +97,7 @@ try:
     print("torch", torch.__version__, "cuda", torch.version.cuda, "cudnn", torch.backends.cudnn.version())
 except ImportError:
     print("torch absent")
-for dist in ("triton", "diffusers", "fa3-fwd", "torchao", "xfuser", "yunchang"):
+for dist in ("triton", "diffusers", "fa3-fwd", "sageattention", "torchao", "xfuser", "yunchang"):
     try:
         print(dist, metadata.version(dist))
     except metadata.PackageNotFoundError:
