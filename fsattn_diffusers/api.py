@@ -14,7 +14,7 @@ import torch
 from . import differentiable, nonfinite
 from .backends import detect_nonfinite, run_backend
 from .formats import MX_BLOCK
-from .recipe import MX_QK_FORMATS, Recipe, get_recipe
+from .recipe import Recipe, get_recipe
 
 LAYOUTS = ("bshd", "bhsd")
 DTYPES = (torch.float16, torch.bfloat16, torch.float32)
@@ -23,7 +23,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def supported_head_dim(recipe: Recipe, head_dim: int) -> Optional[str]:
     """Return why ``head_dim`` cannot run ``recipe`` (``None`` when it can)."""
-    needs_blocks = recipe.qk_format in MX_QK_FORMATS
+    needs_blocks = recipe.qk_format.startswith("mx")
     if needs_blocks and head_dim % MX_BLOCK:
         return f"head dim {head_dim} is not a multiple of {MX_BLOCK} (MX blocks) for recipe {recipe.name!r}"
     if recipe.hadamard and (head_dim & (head_dim - 1)):

@@ -37,24 +37,12 @@ from typing import Tuple
 
 import torch
 
-from .modes import Mode
-
 # OCP MX v1.0: 32 elements share one scale.
 MX_BLOCK = 32
 # E8M0 encodes 2^(byte - 127); byte 255 is NaN. We clamp exponents to [-127, 127].
 E8M0_BIAS = 127
 E8M0_NAN = 255
-
-
-class ScaleRule(Mode):
-    """How an MX block's E8M0 scale is chosen from its largest magnitude (``Recipe.*_scale_rule``; NUMERICS.md §1)."""
-
-    FLOOR = "floor"
-    CEIL = "ceil"
-    ROUND_UP_175 = "round_up_175"
-
-
-SCALE_RULES = tuple(m.value for m in ScaleRule)
+SCALE_RULES = ("floor", "ceil", "round_up_175")
 # AITER mha_v4_quant.cu, MXFP8: adding 2^21 to fp32 bits carries into the exponent iff mantissa >= 1.75.
 _ROUND_UP_175_ADD = 0x00200000
 _F32_EXP_MASK = 0x7F800000

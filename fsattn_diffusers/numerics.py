@@ -16,7 +16,7 @@ import torch
 from .exponent import stage_a as exponent_stage_a
 from .formats import E2M3, fake_quantize_mx, int8_rows
 from .operands import LOG2E, prepare_qk, prepare_v, prequantize_qk, stage_b
-from .recipe import KEY_ORDERS, MX_QK_FORMATS, Recipe
+from .recipe import KEY_ORDERS, Recipe
 
 
 def first_key_tile(q_tile: int, n_q_tiles: int, n_k_tiles: int) -> int:
@@ -90,7 +90,7 @@ class SM90Numerics(MI355XNumerics):
         schraudolph = recipe.exponential == "schraudolph" and recipe.proxy == "u16"
         h15 = recipe.exponential == "rowmax_h15" and recipe.p_format == "fp8_row" and recipe.rollback
         if not (recipe.frozen_max and (schraudolph or h15) and recipe.p_format in sm90.P_SIGMA
-                and recipe.qk_format in MX_QK_FORMATS):
+                and recipe.qk_format.startswith("mx")):
             raise ValueError(f"numerics='sm90' covers the Hopper kernel's recipes only (MX Q/K, frozen max, P fp8_row "
                              f"or mxfp6, Schraudolph U16 or gated Rowmax-H15 with fp8_row P), got {recipe}; accepted: "
                              f"mxfp8, mxfp6, mxfp4, mxfp8+exponential=rowmax_h15")

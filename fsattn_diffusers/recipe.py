@@ -9,11 +9,11 @@ softmax on BF16 operands (the paper's BF16 reference); ``exact`` keeps every ope
 from __future__ import annotations
 
 import dataclasses
+import enum
 from dataclasses import dataclass
 from typing import Optional
 
-from .formats import SCALE_RULES, ScaleRule
-from .modes import Mode
+from .formats import SCALE_RULES
 from .notices import warn_once
 
 # The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
@@ -26,55 +26,27 @@ ROLLBACK_FLOOR_LIMIT_LOG2 = 64
 TILE_M = 256
 TILE_N = 128
 
-
-class QKFormat(Mode):
-    """Q and K's format (``Recipe.qk_format``; NUMERICS.md §1)."""
-
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP8 = "fp8"
-    MXFP8 = "mxfp8"
-    MXFP6 = "mxfp6"
-    MXFP4 = "mxfp4"
-    INT8 = "int8"
+QK_FORMATS = ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4", "int8")
+P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
+V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
+EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
+PROXIES = ("u32", "u16", "u8")
 
 
-class PFormat(Mode):
-    """P's format, the PV GEMM's A operand (``Recipe.p_format``): ``FP8_ROW`` E4M3 with one scale per row and key
-    tile, MXFP6/MXFP4 one scale per 32 keys, BF16 Stage-A's proxy itself."""
+class Mode(str, enum.Enum):
+    """A mode named by a string. A member is that string: it compares, hashes, formats and prints as its value, so
+    ``Recipe(numerics="sm90").numerics == "sm90"`` and code written against the strings keeps working."""
 
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP8_ROW = "fp8_row"
-    MXFP6 = "mxfp6"
-    MXFP4 = "mxfp4"
+    __hash__ = str.__hash__
 
+    def __str__(self) -> str:
+        return self.value
 
-class VFormat(Mode):
-    """V's format (``Recipe.v_format``): ``FP8_TENSOR`` E4M3 with one scale per tensor, MX blocks along the keys."""
+    def __repr__(self) -> str:
+        return repr(self.value)
 
-    FP32 = "fp32"
-    BF16 = "bf16"
-    FP8_TENSOR = "fp8_tensor"
-    MXFP8 = "mxfp8"
-    MXFP6 = "mxfp6"
-    MXFP4 = "mxfp4"
-
-
-class Exponential(Mode):
-    """How Stage-A computes ``2^(X - m)`` (``Recipe.exponential``; NUMERICS.md §3)."""
-
-    EXACT = "exact"
-    SCHRAUDOLPH = "schraudolph"
-    ROWMAX_H15 = "rowmax_h15"
-
-
-class Proxy(Mode):
-    """Width of Schraudolph's bit pattern (``Recipe.proxy``)."""
-
-    U32 = "u32"
-    U16 = "u16"
-    U8 = "u8"
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
 
 
 class Numerics(Mode):
@@ -92,13 +64,6 @@ class KeyOrder(Mode):
     DIAGONAL = "diagonal"
 
 
-QK_FORMATS = tuple(m.value for m in QKFormat)
-#: The Q/K formats in MX blocks (32 channels per E8M0 scale).
-MX_QK_FORMATS = (QKFormat.MXFP8, QKFormat.MXFP6, QKFormat.MXFP4)
-P_FORMATS = tuple(m.value for m in PFormat)
-V_FORMATS = tuple(m.value for m in VFormat)
-EXPONENTIALS = tuple(m.value for m in Exponential)
-PROXIES = tuple(m.value for m in Proxy)
 NUMERICS = tuple(m.value for m in Numerics)
 #: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
 KEY_ORDERS = tuple(m.value for m in KeyOrder)
@@ -252,15 +217,12 @@ class Recipe:
         _check_choice("proxy", self.proxy, PROXIES)
         _check_choice("numerics", self.numerics, NUMERICS)
         _check_choice("key_order", self.key_order, KEY_ORDERS)
-        for field, mode in (("qk_format", QKFormat), ("p_format", PFormat), ("v_format", VFormat),
-                            ("exponential", Exponential), ("proxy", Proxy), ("numerics", Numerics),
-                            ("key_order", KeyOrder)):
-            object.__setattr__(self, field, mode(getattr(self, field)))
+        object.__setattr__(self, "numerics", Numerics(self.numerics))
+        object.__setattr__(self, "key_order", KeyOrder(self.key_order))
         for field in ("qk_scale_rule", "v_scale_rule", "p_scale_rule"):
             value = getattr(self, field)
             if value is not None:
                 _check_choice(field, value, SCALE_RULES)
-                object.__setattr__(self, field, ScaleRule(value))
         if not (1 <= self.rollback_cap_log2 <= 126):
             raise ValueError(f"Recipe.rollback_cap_log2={self.rollback_cap_log2} is out of range; accepted: 1..126")
         if self.rollback_floor_log2 is not None and not (1 <= self.rollback_floor_log2 <= ROLLBACK_FLOOR_LIMIT_LOG2):
