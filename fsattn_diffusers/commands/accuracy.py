@@ -12,6 +12,7 @@ import time
 import torch
 
 from ..cli import UsageError
+from ..recipe import NUMERICS
 
 NAME = "accuracy"
 HELP = ("reproduce the paper's accuracy tables (Table 8: proxy widths, Table 4: component ablation) or run "
@@ -44,7 +45,7 @@ def add_arguments(p) -> None:
                    help="head dims (default 64,128, or the D of a four-number --shape)")
     g.add_argument("--backend", default="auto",
                    help="fsattn backend (default auto: the Triton kernel on CUDA sm_90+, else the emulator)")
-    g.add_argument("--numerics", choices=("mi355x", "sm90"), default=None,
+    g.add_argument("--numerics", choices=NUMERICS, default=None,
                    help="override the recipes' numerics (default: each recipe's own)")
     g.add_argument("--no-external", action="store_true", help="skip FlashAttention-3 and SageAttention columns")
     p.add_argument("--replay", metavar="FILE", default=None,
