@@ -23,7 +23,7 @@ DTYPES = (torch.float16, torch.bfloat16, torch.float32)
 
 def supported_head_dim(recipe: Recipe, head_dim: int) -> Optional[str]:
     """Return why ``head_dim`` cannot run ``recipe`` (``None`` when it can)."""
-    needs_blocks = recipe.qk_format.startswith("mx")
+    needs_blocks = recipe.qk_format.mx_element is not None
     if needs_blocks and head_dim % MX_BLOCK:
         return f"head dim {head_dim} is not a multiple of {MX_BLOCK} (MX blocks) for recipe {recipe.name!r}"
     if recipe.hadamard and (head_dim & (head_dim - 1)):

@@ -17,6 +17,7 @@ from typing import Dict, Optional
 
 import torch
 
+from .formats import PFormat
 from .recipe import Recipe
 from .smoothing import valid_prefix
 
@@ -100,7 +101,7 @@ def attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.
     m = s.amax(dim=-1, keepdim=True).detach()
     e = torch.exp(s - m)
     l_exp = e.sum(dim=-1, keepdim=True)
-    p = e.to(torch.bfloat16).to(torch.float32) if recipe.p_format == _BF16 else e
+    p = e.to(torch.bfloat16).to(torch.float32) if recipe.p_format == PFormat.BF16 else e
     denom = p.sum(dim=-1, keepdim=True) if recipe.rowsum_gemm else l_exp
     out = torch.matmul(p, vf) / denom
     lse = (torch.log(l_exp) + m).squeeze(-1) if return_lse else None

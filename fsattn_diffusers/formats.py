@@ -33,16 +33,28 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Tuple
+from typing import Optional, Tuple
 
 import torch
+
+from .modes import Mode
 
 # OCP MX v1.0: 32 elements share one scale.
 MX_BLOCK = 32
 # E8M0 encodes 2^(byte - 127); byte 255 is NaN. We clamp exponents to [-127, 127].
 E8M0_BIAS = 127
 E8M0_NAN = 255
-SCALE_RULES = ("floor", "ceil", "round_up_175")
+
+
+class ScaleRule(Mode):
+    """How an MX block's E8M0 scale follows from its largest magnitude (``Recipe.*_scale_rule``; module docstring)."""
+
+    FLOOR = "floor"
+    CEIL = "ceil"
+    ROUND_UP_175 = "round_up_175"
+
+
+SCALE_RULES = ScaleRule.values()
 # AITER mha_v4_quant.cu, MXFP8: adding 2^21 to fp32 bits carries into the exponent iff mantissa >= 1.75.
 _ROUND_UP_175_ADD = 0x00200000
 _F32_EXP_MASK = 0x7F800000
@@ -82,7 +94,93 @@ ELEM_FORMATS = {f.name: f for f in (E4M3, E2M3, E3M2, E2M1)}
 #: Element format of each MX format name used by recipes.
 MX_ELEMENT = {"mxfp8": E4M3, "mxfp6": E2M3, "mxfp4": E2M1}
 #: The paper kernels' shared-exponent rule per MX format (AITER mha_v4 quantizers).
-DEFAULT_SCALE_RULE = {"mxfp8": "round_up_175", "mxfp6": "floor", "mxfp4": "ceil"}
+DEFAULT_SCALE_RULE = {"mxfp8": ScaleRule.ROUND_UP_175, "mxfp6": ScaleRule.FLOOR, "mxfp4": ScaleRule.CEIL}
+
+
+class _OperandFormat(Mode):
+    """Shared by the operand formats: the MX element, if the format is an MX one."""
+
+    @property
+    def mx_element(self) -> Optional[ElemFormat]:
+        """The element format of an MX format (32 elements per E8M0 scale), else None."""
+        return MX_ELEMENT.get(self.value)
+
+
+class QKFormat(_OperandFormat):
+    """The format of Q and K, the score GEMM's operands (``Recipe.qk_format``; NUMERICS.md §1).
+
+    ``FP32``/``BF16`` round to those types. ``FP8``: E4M3 with one FP32 scale per tensor. ``MXFP8``/``MXFP6``/
+    ``MXFP4``: OCP MX, E4M3 / E2M3 / E2M1 elements with an E8M0 scale per 32 channels of the head dim. ``INT8``:
+    symmetric codes -127..127 with one FP32 scale ``amax / 127`` per query and per key tile
+    (:func:`fake_quantize_int8_rows`).
+    """
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP8 = "fp8"
+    MXFP8 = "mxfp8"
+    MXFP6 = "mxfp6"
+    MXFP4 = "mxfp4"
+    INT8 = "int8"
+
+
+class VFormat(_OperandFormat):
+    """The format of V, the PV GEMM's B operand (``Recipe.v_format``; NUMERICS.md §1).
+
+    ``FP32``/``BF16`` round to those types. ``FP8_TENSOR``: E4M3 with one FP32 scale per tensor. ``MXFP8``/
+    ``MXFP6``/``MXFP4``: OCP MX with an E8M0 scale per 32 keys of a channel.
+    """
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP8_TENSOR = "fp8_tensor"
+    MXFP8 = "mxfp8"
+    MXFP6 = "mxfp6"
+    MXFP4 = "mxfp4"
+
+
+class PFormat(_OperandFormat):
+    """The format of P, the probabilities that are the PV GEMM's A operand (``Recipe.p_format``).
+
+    The one description of the P formats; every layer takes P's format from here:
+
+    * ``FP32``/``BF16``: Stage-A's weights rounded to those types (no scale; ``BF16`` with the U16 proxy is the
+      proxy itself).
+    * ``FP8_ROW``: E4M3 elements under one power-of-two scale per row and key tile (``Recipe.tile_n`` keys), rule
+      ``round_up_175`` unless ``Recipe.p_scale_rule`` says otherwise.
+    * ``MXFP6``/``MXFP4``: E2M3 / E2M1 elements under one E8M0 scale per 32 keys, rules ``floor`` / ``ceil`` by
+      default (the paper kernels' MX rules, :data:`DEFAULT_SCALE_RULE`).
+
+    The layers: :func:`fsattn_diffusers.operands.stage_b` quantizes by :attr:`element`, :meth:`keys_per_scale` and
+    :attr:`default_scale_rule` (the ``mi355x`` numerics); on Hopper the scale is a fixed power of two per row
+    (``sm90_numerics.P_SIGMA``, by format: ``FP8_ROW`` and ``MXFP6`` only) and ``numerics.SM90Numerics.stage_b``
+    carries MXFP6 P in E4M3; ``kernels.plan`` turns the format into the kernels' MXFP6-P switch.
+    """
+
+    FP32 = "fp32"
+    BF16 = "bf16"
+    FP8_ROW = "fp8_row"
+    MXFP6 = "mxfp6"
+    MXFP4 = "mxfp4"
+
+    @property
+    def element(self) -> Optional[ElemFormat]:
+        """The element format of a scaled P format (E4M3, E2M3, E2M1); None for ``FP32``/``BF16``."""
+        return E4M3 if self is PFormat.FP8_ROW else self.mx_element
+
+    @property
+    def default_scale_rule(self) -> Optional[ScaleRule]:
+        """The shared-exponent rule when ``Recipe.p_scale_rule`` is None; None for ``FP32``/``BF16``."""
+        if self is PFormat.FP8_ROW:
+            return ScaleRule.ROUND_UP_175
+        return DEFAULT_SCALE_RULE.get(self.value)
+
+    def keys_per_scale(self, tile_n: int) -> Optional[int]:
+        """Keys that share one scale: ``tile_n`` (``FP8_ROW``, a row's key tile), :data:`MX_BLOCK` (MX formats),
+        None (unscaled)."""
+        if self is PFormat.FP8_ROW:
+            return tile_n
+        return MX_BLOCK if self.mx_element is not None else None
 
 
 def round_to_bf16(x: torch.Tensor) -> torch.Tensor:
@@ -152,13 +250,13 @@ def shared_exponent(amax: torch.Tensor, fmt: ElemFormat, rule: str) -> torch.Ten
     gives -126 for 0 < amax / elem_max <= 2^-127 (exact ceil: -127) and 127 for inf.
     """
     amax = amax.to(torch.float32)
-    if rule == "floor":
+    if rule == ScaleRule.FLOOR:
         biased = (amax.view(torch.int32) >> 23) & 0xFF
         s = biased - E8M0_BIAS - fmt.emax
-    elif rule == "ceil":
+    elif rule == ScaleRule.CEIL:
         descale = (amax / fmt.max_value).view(torch.int32)
         s = (((descale + _F32_MANT_ONES) & _F32_EXP_MASK) >> 23) - E8M0_BIAS
-    elif rule == "round_up_175":
+    elif rule == ScaleRule.ROUND_UP_175:
         if fmt is not E4M3:
             raise ValueError(f"scale rule 'round_up_175' is defined for E4M3 only, got {fmt.name}; "
                              f"accepted: floor, ceil")

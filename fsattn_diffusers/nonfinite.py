@@ -22,6 +22,7 @@ from typing import Callable, Dict, Optional, Tuple
 
 import torch
 
+from .formats import QKFormat, VFormat
 from .notices import warn_once
 from .smoothing import valid_prefix
 
@@ -186,8 +187,8 @@ def repair(flags: torch.Tensor, q, k, v, out: torch.Tensor, lse: Optional[torch.
         check_strict(counts)
     bi, hi = flags.nonzero(as_tuple=True)
     warn_counts(counts, len(bi), "were computed with exact float64 attention")
-    per_tensor = (counts["v"] and recipe.v_format == "fp8_tensor") or \
-        ((counts["q"] or counts["k"]) and recipe.qk_format == "fp8")
+    per_tensor = (counts["v"] and recipe.v_format == VFormat.FP8_TENSOR) or \
+        ((counts["q"] or counts["k"]) and recipe.qk_format == QKFormat.FP8)
     if per_tensor:  # one element set the scale of every slice: re-run on a cleaned copy
         out, lse, stats = rerun(_sanitized(q), _sanitized(k), _sanitized(v))
     valid = valid_prefix(kv_lens, k.shape[2], k.device)

@@ -14,9 +14,9 @@ from typing import List, Optional, Tuple
 import torch
 
 from .exponent import stage_a as exponent_stage_a
-from .formats import E2M3, fake_quantize_mx, int8_rows
+from .formats import PFormat, QKFormat, VFormat, fake_quantize_mx, int8_rows
 from .operands import LOG2E, prepare_qk, prepare_v, prequantize_qk, stage_b
-from .recipe import KEY_ORDERS, Recipe
+from .recipe import KEY_ORDERS, Exponential, KeyOrder, Proxy, Recipe
 
 
 def first_key_tile(q_tile: int, n_q_tiles: int, n_k_tiles: int) -> int:
@@ -32,7 +32,7 @@ def key_tile_order(order: str, q_tile: int, n_q_tiles: int, n_k_tiles: int) -> L
     visited. ``diagonal``, S_q = S_k = 4 tiles: query tile 2 visits 2, 3, 0, 1."""
     if order not in KEY_ORDERS:
         raise ValueError(f"key order {order!r} is not supported; accepted: {', '.join(KEY_ORDERS)}")
-    if order == "natural" or n_k_tiles == 0:
+    if order == KeyOrder.NATURAL or n_k_tiles == 0:
         return list(range(n_k_tiles))
     j0 = first_key_tile(q_tile, n_q_tiles, n_k_tiles)
     return [(j0 + j) % n_k_tiles for j in range(n_k_tiles)]
@@ -56,7 +56,7 @@ class MI355XNumerics:
 
         ``valid``: (B, S_k) bool or None; ``bias``: the exact per-key term (``smoothing.key_bias``) or None."""
         qo, post = prepare_qk(q, self.recipe, scale * LOG2E)
-        if self.recipe.qk_format == "int8" and valid is not None:  # padded keys must not move a key tile's scale
+        if self.recipe.qk_format == QKFormat.INT8 and valid is not None:  # padded keys must not move a key tile's scale
             k = torch.where(valid[:, None, :, None], k, torch.zeros_like(k))
         ko, _ = prepare_qk(k, self.recipe, 1.0, rows_per_scale=self.recipe.tile_n)
         vo = prepare_v(v, self.recipe, None if valid is None else valid[:, None, :, None])
@@ -87,10 +87,10 @@ class SM90Numerics(MI355XNumerics):
     def __init__(self, recipe: Recipe):
         from . import sm90_numerics as sm90
 
-        schraudolph = recipe.exponential == "schraudolph" and recipe.proxy == "u16"
-        h15 = recipe.exponential == "rowmax_h15" and recipe.p_format == "fp8_row" and recipe.rollback
+        schraudolph = recipe.exponential == Exponential.SCHRAUDOLPH and recipe.proxy == Proxy.U16
+        h15 = recipe.exponential == Exponential.ROWMAX_H15 and recipe.p_format == PFormat.FP8_ROW and recipe.rollback
         if not (recipe.frozen_max and (schraudolph or h15) and recipe.p_format in sm90.P_SIGMA
-                and recipe.qk_format.startswith("mx")):
+                and recipe.qk_format.mx_element is not None):
             raise ValueError(f"numerics='sm90' covers the Hopper kernel's recipes only (MX Q/K, frozen max, P fp8_row "
                              f"or mxfp6, Schraudolph U16 or gated Rowmax-H15 with fp8_row P), got {recipe}; accepted: "
                              f"mxfp8, mxfp6, mxfp4, mxfp8+exponential=rowmax_h15")
@@ -117,12 +117,13 @@ class SM90Numerics(MI355XNumerics):
         if self._h15:
             return self._sm90.stage_a_h15(x, m, self.p_scale_log2)
         return self._sm90._stage_a(x, m, self.p_scale_log2, not self.recipe.rollback,
-                                   f16=self.recipe.p_format == "fp8_row")
+                                   f16=self.recipe.p_format == PFormat.FP8_ROW)
 
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The PV operand and the key tile's row sum of the quantized P (sm90_numerics differences 4, 5)."""
-        if self.recipe.p_format == "mxfp6":
-            p = fake_quantize_mx(p, E2M3, axis=-1, rule="floor", block=32)
+        fmt = self.recipe.p_format
+        if fmt == PFormat.MXFP6:  # the kernels take MXFP6 P's own rule only (kernels.plan refuses another)
+            p = fake_quantize_mx(p, fmt.element, axis=-1, rule=fmt.default_scale_rule, block=fmt.keys_per_scale(0))
             return self._sm90.e4m3(p), p.sum(dim=-1)
         p8 = self._sm90.e4m3(p)
         return p8, p8.sum(dim=-1)
@@ -136,8 +137,8 @@ class SM90Int8Numerics(MI355XNumerics):
     def __init__(self, recipe: Recipe):
         from . import sm90_numerics as sm90
 
-        if not (recipe.frozen_max and recipe.exponential == "schraudolph" and recipe.proxy == "u16"
-                and recipe.p_format == "bf16" and recipe.v_format == "bf16"):
+        if not (recipe.frozen_max and recipe.exponential == Exponential.SCHRAUDOLPH and recipe.proxy == Proxy.U16
+                and recipe.p_format == PFormat.BF16 and recipe.v_format == VFormat.BF16):
             raise ValueError(f"numerics='sm90' with int8 Q/K covers the Hopper INT8 kernel's recipe only (frozen max, "
                              f"Schraudolph U16, BF16 P and V), got {recipe}; accepted: int8-bf16")
         super().__init__(recipe)
@@ -178,6 +179,6 @@ def numerics_for(recipe: Recipe) -> MI355XNumerics:
     """The numerics object of ``recipe.numerics`` (and, for ``sm90``, of the recipe's Q/K format)."""
     if recipe.numerics != "sm90":
         return MI355XNumerics(recipe)
-    return SM90Int8Numerics(recipe) if recipe.qk_format == "int8" else SM90Numerics(recipe)
+    return SM90Int8Numerics(recipe) if recipe.qk_format == QKFormat.INT8 else SM90Numerics(recipe)
 
 

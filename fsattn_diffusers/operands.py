@@ -11,15 +11,14 @@ from typing import Tuple
 
 import torch
 
-from .formats import (DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, MX_BLOCK, MX_ELEMENT, fake_quantize_fp8_tensor,
-                      fake_quantize_int8_rows, fake_quantize_mx, round_to_bf16)
+from .formats import (DEFAULT_SCALE_RULE, MX_ELEMENT, PFormat, QKFormat, ScaleRule, VFormat,
+                      fake_quantize_fp8_tensor, fake_quantize_int8_rows, fake_quantize_mx, round_to_bf16)
 from .exponent import LOG2E  # noqa: F401 (operands.LOG2E: where Q is pre-scaled)
 from .hadamard import fwht_unnormalized, rotation_signs
 from .recipe import Recipe
 
 
-
-def scale_rule(recipe: Recipe, operand: str, fmt_name: str) -> str:
+def scale_rule(recipe: Recipe, operand: str, fmt_name: str) -> ScaleRule:
     """The shared-exponent rule of ``operand`` (``qk``, ``v`` or ``p``) for MX format ``fmt_name``."""
     explicit = getattr(recipe, f"{operand}_scale_rule")
     if explicit is not None:
@@ -45,7 +44,7 @@ def prequantize_qk(x: torch.Tensor, recipe: Recipe, multiplier: float) -> torch.
     if recipe.hadamard:
         rsqrt_d = 1.0 / math.sqrt(x.shape[-1])
         y = rotate(y, recipe)
-        if recipe.qk_format == "mxfp8":
+        if recipe.qk_format == QKFormat.MXFP8:
             return round_to_bf16(round_to_bf16(y * rsqrt_d) * multiplier)
         return round_to_bf16(y * rsqrt_d * multiplier)
     return round_to_bf16(y * multiplier)
@@ -70,17 +69,17 @@ def prepare_qk(x: torch.Tensor, recipe: Recipe, multiplier: float, rows_per_scal
         ``fp32``/``bf16`` keep the operand as given and scale the scores, as a BF16 kernel does.
     """
     fmt = recipe.qk_format
-    if fmt in ("fp32", "bf16"):
+    if fmt in (QKFormat.FP32, QKFormat.BF16):
         y = x.to(torch.float32)
-        if fmt == "bf16":
+        if fmt == QKFormat.BF16:
             y = round_to_bf16(y)
         if recipe.hadamard:
             y = rotate(y, recipe) * (1.0 / math.sqrt(x.shape[-1]))
         return y, multiplier
     y = prequantize_qk(x, recipe, multiplier)
-    if fmt == "int8":
+    if fmt == QKFormat.INT8:
         return fake_quantize_int8_rows(y, rows_per_scale), 1.0
-    if fmt == "fp8":
+    if fmt == QKFormat.FP8:
         return fake_quantize_fp8_tensor(y), 1.0
     elem = MX_ELEMENT[fmt]
     return fake_quantize_mx(y, elem, axis=-1, rule=scale_rule(recipe, "qk", fmt)), 1.0
@@ -96,32 +95,35 @@ def prepare_v(v: torch.Tensor, recipe: Recipe, valid: torch.Tensor = None) -> to
     if valid is not None:
         y = torch.where(valid, y, torch.zeros_like(y))
     fmt = recipe.v_format
-    if fmt == "fp32":
+    if fmt == VFormat.FP32:
         return y
     y = round_to_bf16(y)
-    if fmt == "bf16":
+    if fmt == VFormat.BF16:
         return y
-    if fmt == "fp8_tensor":
+    if fmt == VFormat.FP8_TENSOR:
         return fake_quantize_fp8_tensor(y)
     return fake_quantize_mx(y, MX_ELEMENT[fmt], axis=-2, rule=scale_rule(recipe, "v", fmt))
 
 
-_P_ELEMENT = {"fp8_row": E4M3, "mxfp6": E2M3, "mxfp4": E2M1}
-
-
 def stage_b(p: torch.Tensor, recipe: Recipe) -> torch.Tensor:
-    """Stage-B: the Stage-A probabilities (..., rows, keys of one key tile) in the P format.
+    """Stage-B: the Stage-A probabilities in ``recipe.p_format`` (:class:`~fsattn_diffusers.formats.PFormat`).
 
-    ``fp8_row``: one power-of-two scale per row over the whole key tile (rule ``round_up_175`` by
-    default); ``mxfp6``/``mxfp4``: E8M0 scale per 32 keys (``floor``/``ceil``). The scales come from
-    the block maxima of P (the same maxima the gate reads, paper Section 4.2).
+    Parameters
+    ----------
+    p : Tensor (..., rows, keys of one key tile) float32
+        Stage-A's weights.
+    recipe : Recipe
+
+    Returns
+    -------
+    Tensor, the shape of ``p``, float32: the values the PV GEMM multiplies. ``fp8_row`` takes one power-of-two
+    scale per row over the whole key tile, ``mxfp6``/``mxfp4`` an E8M0 scale per 32 keys; the scales come from the
+    block maxima of P (the same maxima the gate reads, paper Section 4.2).
     """
     fmt = recipe.p_format
-    if fmt == "fp32":
+    if fmt == PFormat.FP32:
         return p
-    if fmt == "bf16":
+    if fmt == PFormat.BF16:
         return round_to_bf16(p)
-    elem = _P_ELEMENT[fmt]
-    rule = recipe.p_scale_rule or ("round_up_175" if fmt == "fp8_row" else DEFAULT_SCALE_RULE[fmt])
-    block = recipe.tile_n if fmt == "fp8_row" else MX_BLOCK
-    return fake_quantize_mx(p, elem, axis=-1, rule=rule, block=block)
+    rule = recipe.p_scale_rule or fmt.default_scale_rule
+    return fake_quantize_mx(p, fmt.element, axis=-1, rule=rule, block=fmt.keys_per_scale(recipe.tile_n))

@@ -2,18 +2,22 @@
 
 A :class:`Recipe` is the single description of what an attention call computes. The emulator, the
 Triton kernel, the AITER adapter and the diffusers processors all take one. The presets ``mxfp8``,
-``mxfp6`` and ``mxfp4`` are the three kernels of the paper (Table 3, Section 4); ``bf16`` is exact
-softmax on BF16 operands (the paper's BF16 reference); ``exact`` keeps every operand in FP32.
+``mxfp6`` and ``mxfp4`` are the three kernels of the paper (Table 3, Section 4) with the default additions, the
+``-paper`` presets their pipeline alone; ``bf16-emulated`` is exact softmax on BF16 operands (the paper's BF16
+reference); ``int8-bf16`` the accurate tier; ``exact`` keeps every operand in FP32. The fields that name a mode
+hold str-valued enums (:class:`~fsattn_diffusers.modes.Mode`): the formats and scale rules of
+:mod:`fsattn_diffusers.formats`, :class:`Exponential`, :class:`Proxy`, :class:`Numerics` and :class:`KeyOrder`.
 """
 
 from __future__ import annotations
 
 import dataclasses
-import enum
+import typing
 from dataclasses import dataclass
 from typing import Optional
 
-from .formats import SCALE_RULES
+from .formats import SCALE_RULES, PFormat, QKFormat, ScaleRule, VFormat  # noqa: F401 (SCALE_RULES: re-exported)
+from .modes import Mode
 from .notices import warn_once
 
 # The paper gates the frozen maximum at 2^32 (Section 4.1: "All three kernels ... gate at 2^32").
@@ -26,27 +30,21 @@ ROLLBACK_FLOOR_LIMIT_LOG2 = 64
 TILE_M = 256
 TILE_N = 128
 
-QK_FORMATS = ("fp32", "bf16", "fp8", "mxfp8", "mxfp6", "mxfp4", "int8")
-P_FORMATS = ("fp32", "bf16", "fp8_row", "mxfp6", "mxfp4")
-V_FORMATS = ("fp32", "bf16", "fp8_tensor", "mxfp8", "mxfp6", "mxfp4")
-EXPONENTIALS = ("exact", "schraudolph", "rowmax_h15")
-PROXIES = ("u32", "u16", "u8")
+
+class Exponential(Mode):
+    """How Stage-A computes the weights ``2^(x - m)`` (``Recipe.exponential``; NUMERICS.md §3)."""
+
+    EXACT = "exact"
+    SCHRAUDOLPH = "schraudolph"
+    ROWMAX_H15 = "rowmax_h15"
 
 
-class Mode(str, enum.Enum):
-    """A mode named by a string. A member is that string: it compares, hashes, formats and prints as its value, so
-    ``Recipe(numerics="sm90").numerics == "sm90"`` and code written against the strings keeps working."""
+class Proxy(Mode):
+    """Width of Schraudolph's bit pattern (``Recipe.proxy``)."""
 
-    __hash__ = str.__hash__
-
-    def __str__(self) -> str:
-        return self.value
-
-    def __repr__(self) -> str:
-        return repr(self.value)
-
-    def __format__(self, spec: str) -> str:
-        return format(self.value, spec)
+    U32 = "u32"
+    U16 = "u16"
+    U8 = "u8"
 
 
 class Numerics(Mode):
@@ -64,9 +62,19 @@ class KeyOrder(Mode):
     DIAGONAL = "diagonal"
 
 
-NUMERICS = tuple(m.value for m in Numerics)
+#: The accepted strings of each mode (``choices=`` of the CLI, error messages).
+QK_FORMATS = QKFormat.values()
+P_FORMATS = PFormat.values()
+V_FORMATS = VFormat.values()
+EXPONENTIALS = Exponential.values()
+PROXIES = Proxy.values()
+NUMERICS = Numerics.values()
 #: Orders in which a query tile visits the key tiles (``Recipe.key_order``; ``numerics.key_tile_order``).
-KEY_ORDERS = tuple(m.value for m in KeyOrder)
+KEY_ORDERS = KeyOrder.values()
+#: The Recipe fields that hold a mode, and its enum: a string given for one is normalized to the member.
+MODE_FIELDS = dict(qk_format=QKFormat, p_format=PFormat, v_format=VFormat, exponential=Exponential, proxy=Proxy,
+                   qk_scale_rule=ScaleRule, v_scale_rule=ScaleRule, p_scale_rule=ScaleRule, numerics=Numerics,
+                   key_order=KeyOrder)
 #: ``Recipe.frozen_max_offset_log2`` is a multiple of 1 / this: the grid of the Hopper kernel's frozen reference
 #: (``sm90_numerics`` difference 2), which keeps Stage-A's constant ``128 m`` an integer.
 FROZEN_MAX_OFFSET_GRID = 128
@@ -80,9 +88,12 @@ MXFP6_P_FROZEN_MAX_OFFSET_LOG2 = 3 / 32
 Q_SMOOTHING_MIN_RATIO = 1.0
 
 
-def _check_choice(field: str, value, accepted) -> None:
-    if value not in accepted:
-        raise ValueError(f"Recipe.{field}={value!r} is not supported; accepted: {', '.join(map(str, accepted))}")
+def _mode(field: str, value, mode: type) -> Mode:
+    """``value`` (a string or a member) as a member of ``mode``; a one-line ValueError naming the accepted strings."""
+    try:
+        return mode(value)
+    except (ValueError, TypeError):
+        raise ValueError(f"Recipe.{field}={value!r} is not supported; accepted: {', '.join(mode.values())}") from None
 
 
 @dataclass(frozen=True)
@@ -93,8 +104,9 @@ class Recipe:
     ----------
     name : str
         A label for reports; presets use the paper's names.
-    qk_format, p_format, v_format : str
-        Operand formats of Q/K, of the probabilities P and of V. ``mxfp8``/``mxfp6``/``mxfp4`` are OCP
+    qk_format, p_format, v_format : QKFormat, PFormat, VFormat or their strings
+        Operand formats of Q/K, of the probabilities P and of V (:class:`~fsattn_diffusers.formats.PFormat` is the
+        one description of P's formats and of how each layer takes them). ``mxfp8``/``mxfp6``/``mxfp4`` are OCP
         MX formats (E4M3 / E2M3 / E2M1 elements with an E8M0 scale per 32 elements, along the head dim
         for Q/K, along the key axis for V and P). ``fp8_row`` is P in FP8 E4M3 with a power-of-two scale
         per row and key tile; ``fp8_tensor`` is V in FP8 E4M3 with one FP32 scale per tensor; ``fp8``
@@ -102,11 +114,11 @@ class Recipe:
         after the rotation and Q's pre-scale, one FP32 scale ``amax / 127`` per query and per key tile of ``tile_n``
         keys (``formats.fake_quantize_int8_rows``): INT8 products sum exactly in int32, and both scales fold into a
         per-row factor per key tile. ``bf16``/``fp32`` round to those types.
-    exponential : str
+    exponential : Exponential or str
         ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
         ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave,
         {1, 1.5}·2^n, anchored at the row max).
-    proxy : str
+    proxy : Proxy or str
         Width of the Schraudolph pattern (Stage-A): ``u32`` read as FP32, ``u16`` read as BF16 (the
         paper's choice), ``u8`` read as FP8 E4M3 (single stage).
     frozen_max : bool
@@ -122,7 +134,7 @@ class Recipe:
         only with the reference, a reference held up by one early outlier key (an attention sink) pushes every later
         tile's P into E4M3's subnormals; the lowering brings it back. The reference stays within
         :data:`ROLLBACK_FLOOR_LIMIT_LOG2` of the row's highest one.
-    key_order : str
+    key_order : KeyOrder or str
         The order in which a query tile visits the key tiles, so which tile freezes its reference.
         ``natural`` (the paper): key tile 0 first. ``diagonal``: query tile ``i`` of ``n_q`` starts at key tile
         ``floor(i * n_k / n_q)`` of the ``n_k`` tiles holding valid keys and wraps around
@@ -174,27 +186,31 @@ class Recipe:
         Query rows per tile and keys per tile (frozen max, gate and P's per-row scale work per tile). The ``sm90``
         numerics, which the Hopper kernels compute, fix both at 128 (``tile_m`` is honoured by the ``mi355x`` numerics
         only; a ``tile_n`` other than 128 the Triton backend refuses): NUMERICS.md §6.
-    qk_scale_rule, v_scale_rule, p_scale_rule : str or None
+    qk_scale_rule, v_scale_rule, p_scale_rule : ScaleRule, str or None
         MX shared-exponent rule. ``floor`` is OCP's floor(log2 amax) - emax_elem; ``ceil`` is
         ceil(log2(amax / elem_max)) (torchao RCEIL); ``round_up_175`` is AITER's MXFP8 rule (amax
         exponent rounded up when its mantissa is >= 1.75, minus 8). ``None`` takes the paper kernels'
         rule for the format: MXFP8 ``round_up_175``, MXFP6 ``floor``, MXFP4 ``ceil``.
-    numerics : str
+    numerics : Numerics or str
         ``mi355x`` (the paper's kernels) or ``sm90`` (what our Hopper kernel computes; see
         :mod:`fsattn_diffusers.emulator`).
+
+    A string given for a mode field (:data:`MODE_FIELDS`) is stored as the enum member it names, which compares,
+    hashes and serializes as that string: ``Recipe(qk_format="mxfp8").qk_format is QKFormat.MXFP8`` and
+    ``== "mxfp8"``.
     """
 
     name: str = "custom"
-    qk_format: str = "bf16"
-    p_format: str = "bf16"
-    v_format: str = "bf16"
-    exponential: str = "exact"
-    proxy: str = "u16"
+    qk_format: QKFormat = QKFormat.BF16
+    p_format: PFormat = PFormat.BF16
+    v_format: VFormat = VFormat.BF16
+    exponential: Exponential = Exponential.EXACT
+    proxy: Proxy = Proxy.U16
     frozen_max: bool = False
     rollback: bool = True
     rollback_cap_log2: int = ROLLBACK_CAP_LOG2
     rollback_floor_log2: Optional[int] = None
-    key_order: str = KeyOrder.NATURAL
+    key_order: KeyOrder = KeyOrder.NATURAL
     frozen_max_offset_log2: float = 0.0
     rowsum_gemm: bool = False
     hadamard: bool = False
@@ -204,25 +220,16 @@ class Recipe:
     smooth_q_min_ratio: float = Q_SMOOTHING_MIN_RATIO
     tile_m: int = TILE_M
     tile_n: int = TILE_N
-    qk_scale_rule: Optional[str] = None
-    v_scale_rule: Optional[str] = None
-    p_scale_rule: Optional[str] = None
-    numerics: str = Numerics.MI355X
+    qk_scale_rule: Optional[ScaleRule] = None
+    v_scale_rule: Optional[ScaleRule] = None
+    p_scale_rule: Optional[ScaleRule] = None
+    numerics: Numerics = Numerics.MI355X
 
     def __post_init__(self) -> None:
-        _check_choice("qk_format", self.qk_format, QK_FORMATS)
-        _check_choice("p_format", self.p_format, P_FORMATS)
-        _check_choice("v_format", self.v_format, V_FORMATS)
-        _check_choice("exponential", self.exponential, EXPONENTIALS)
-        _check_choice("proxy", self.proxy, PROXIES)
-        _check_choice("numerics", self.numerics, NUMERICS)
-        _check_choice("key_order", self.key_order, KEY_ORDERS)
-        object.__setattr__(self, "numerics", Numerics(self.numerics))
-        object.__setattr__(self, "key_order", KeyOrder(self.key_order))
-        for field in ("qk_scale_rule", "v_scale_rule", "p_scale_rule"):
+        for field, mode in MODE_FIELDS.items():
             value = getattr(self, field)
-            if value is not None:
-                _check_choice(field, value, SCALE_RULES)
+            if value is not None or not field.endswith("_scale_rule"):
+                object.__setattr__(self, field, _mode(field, value, mode))
         if not (1 <= self.rollback_cap_log2 <= 126):
             raise ValueError(f"Recipe.rollback_cap_log2={self.rollback_cap_log2} is out of range; accepted: 1..126")
         if self.rollback_floor_log2 is not None and not (1 <= self.rollback_floor_log2 <= ROLLBACK_FLOOR_LIMIT_LOG2):
@@ -266,8 +273,8 @@ class Recipe:
     @property
     def is_quantized(self) -> bool:
         """True when any operand is narrower than BF16."""
-        return self.qk_format not in ("fp32", "bf16") or self.p_format not in ("fp32", "bf16") or \
-            self.v_format not in ("fp32", "bf16")
+        wide = (QKFormat.FP32, QKFormat.BF16)
+        return any(fmt not in wide for fmt in (self.qk_format, self.p_format, self.v_format))
 
 
 _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_gemm=True, hadamard=True)
@@ -313,26 +320,31 @@ PRESETS = {
 }
 
 
-def _field_value(field: dataclasses.Field, text: str):
-    """The value of ``field`` written as ``text`` in a recipe name (``true``/``false``, an int, ``none``, a word)."""
-    kind = str(field.type)
+#: Each field's type, read from the class (``Optional[X]`` for the fields that accept None).
+_FIELD_TYPES = typing.get_type_hints(Recipe)
+
+
+def _field_value(name: str, text: str):
+    """The value of field ``name`` written as ``text`` in a recipe name: ``true``/``false``, a number, ``none`` (where
+    the field accepts None), or a mode's string (checked by :class:`Recipe`)."""
+    kind = _FIELD_TYPES[name]
+    args = typing.get_args(kind)
+    optional = type(None) in args
+    if optional:
+        kind = next(a for a in args if a is not type(None))
     low = text.strip().lower()
-    if "bool" in kind:
-        if low not in ("true", "false", "1", "0"):
-            raise ValueError(f"Recipe.{field.name}={text!r} is not a bool; accepted: true, false")
-        return low in ("true", "1")
-    if "Optional" in kind and low == "none":
+    if optional and low == "none":
         return None
-    if "float" in kind:
+    if kind is bool:
+        if low not in ("true", "false", "1", "0"):
+            raise ValueError(f"Recipe.{name}={text!r} is not a bool; accepted: true, false")
+        return low in ("true", "1")
+    if kind in (int, float):
         try:
-            return float(low)
+            return kind(low)
         except ValueError:
-            raise ValueError(f"Recipe.{field.name}={text!r} is not a number") from None
-    if "int" in kind:
-        try:
-            return int(low)
-        except ValueError:
-            raise ValueError(f"Recipe.{field.name}={text!r} is not an integer") from None
+            what = "an integer" if kind is int else "a number"
+            raise ValueError(f"Recipe.{name}={text!r} is not {what}") from None
     return low
 
 
@@ -360,7 +372,7 @@ def parse_recipe_name(text: str) -> Recipe:
         key, _, value = change.partition("=")
         if key not in fields:
             raise ValueError(f"unknown Recipe field {key!r} in {text!r}; accepted: {', '.join(fields)}")
-        kwargs[key] = _field_value(fields[key], value) if value else _field_value(fields[key], "true")
+        kwargs[key] = _field_value(key, value or "true")
     return PRESETS[base].replace(name=text.strip(), **kwargs) if kwargs else PRESETS[base]
 
 

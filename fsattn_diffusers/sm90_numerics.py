@@ -75,7 +75,7 @@ from typing import NamedTuple, Optional, Tuple
 
 import torch
 
-from .formats import E4M3, MX_ELEMENT, round_to_bf16, round_to_elem, shared_exponent
+from .formats import E4M3, MX_ELEMENT, PFormat, VFormat, round_to_bf16, round_to_elem, shared_exponent
 from .operands import LOG2E, prepare_v, prequantize_qk, scale_rule
 from .recipe import Recipe
 
@@ -83,9 +83,10 @@ from .recipe import Recipe
 TILE = 128
 #: Headroom t0 of each MX element format under E4M3 (kernels.plan.CARRY_T0).
 CARRY_T0 = {"mxfp8": 0, "mxfp6": 5, "mxfp4": 6}
-#: Gate cap and P scales (kernels.plan).
+#: Gate cap and P scales (kernels.plan): the P formats the Hopper kernels take and the fixed per-row power of two
+#: ``2^sigma`` each carries P at (difference 3).
 P_HEADROOM_LOG2 = 4
-P_SIGMA = {"fp8_row": 8 - P_HEADROOM_LOG2, "mxfp6": 7 - P_HEADROOM_LOG2}
+P_SIGMA = {PFormat.FP8_ROW: 8 - P_HEADROOM_LOG2, PFormat.MXFP6: 7 - P_HEADROOM_LOG2}
 #: 128 * (127 - 7/128): Schraudolph's bias on the 1/128 grid (paper eps = 0.05798).
 D_BITS = 16249
 #: 1024 * (15 - 7/128): the same bias on FP16's 1/1024 grid (difference 7).
@@ -227,7 +228,7 @@ def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor
     term = None if bias is None else key_term(bias, ke, valid)
     qc, qe = carry_mx(prequantize_qk(q, recipe, scale * LOG2E), recipe.qk_format, rule, TILE,
                       floor=None if term is None else term.q_floor, return_exps=True)
-    if recipe.v_format == "fp8_tensor":
+    if recipe.v_format == VFormat.FP8_TENSOR:
         vc = prepare_v(v, recipe, vmask)
     else:
         y = v.to(torch.float32)

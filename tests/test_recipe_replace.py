@@ -87,3 +87,41 @@ def test_modes_are_enums_that_are_their_strings():
     assert json.loads(json.dumps(dataclasses.asdict(r)))["key_order"] == "diagonal"
     with pytest.raises(ValueError, match="^Recipe.key_order='spiral' is not supported; accepted: natural, diagonal$"):
         Recipe(key_order="spiral")
+
+
+def test_formats_and_scale_rules_are_modes_and_strings_still_work():
+    """The operand formats, scale rules, exponential and proxy are :class:`~fsattn_diffusers.modes.Mode` members too:
+    a string is accepted and normalized, records serialize the plain strings, and a recipe name's changes are parsed
+    by the fields' types (an enum's string, a number, ``none``)."""
+    import json
+
+    from fsattn_diffusers.formats import E2M1, E4M3, MX_BLOCK, PFormat, QKFormat, ScaleRule, VFormat
+    from fsattn_diffusers.recipe import Exponential, Proxy, get_recipe
+
+    r = Recipe(qk_format="mxfp8", p_format="fp8_row", v_format="fp8_tensor", p_scale_rule="floor")
+    assert r.qk_format is QKFormat.MXFP8 and r.p_format is PFormat.FP8_ROW and r.v_format is VFormat.FP8_TENSOR
+    assert r.p_scale_rule is ScaleRule.FLOOR and r.qk_scale_rule is None and r.exponential is Exponential.EXACT
+    assert r == Recipe(qk_format=QKFormat.MXFP8, p_format=PFormat.FP8_ROW, v_format=VFormat.FP8_TENSOR,
+                       p_scale_rule=ScaleRule.FLOOR)
+    assert r.qk_format == "mxfp8" and {"fp8_row": 1}[r.p_format] == 1 and f"{r.v_format}" == "fp8_tensor"
+    rec = json.loads(json.dumps(dataclasses.asdict(r)))
+    assert (rec["qk_format"], rec["p_format"], rec["p_scale_rule"]) == ("mxfp8", "fp8_row", "floor")
+    with pytest.raises(ValueError, match="^Recipe.p_format='fp9' is not supported; accepted: fp32, bf16, fp8_row, "
+                                         "mxfp6, mxfp4$"):
+        Recipe(p_format="fp9")
+    with pytest.raises(ValueError, match="^Recipe.v_scale_rule='nearest' is not supported"):
+        Recipe(v_scale_rule="nearest")
+
+    parsed = get_recipe("mxfp6+proxy=u32+p_scale_rule=ceil+rollback_floor_log2=none+frozen_max_offset_log2=0.5")
+    assert parsed.proxy is Proxy.U32 and parsed.p_scale_rule is ScaleRule.CEIL and parsed.rollback_floor_log2 is None
+    assert parsed.frozen_max_offset_log2 == 0.5 and get_recipe("mxfp8+rollback_cap_log2=24").rollback_cap_log2 == 24
+    with pytest.raises(ValueError, match="^Recipe.tile_m='x' is not an integer$"):
+        get_recipe("mxfp8+tile_m=x")
+
+    # P's format, described in one place
+    assert (PFormat.FP8_ROW.element, PFormat.FP8_ROW.default_scale_rule, PFormat.FP8_ROW.keys_per_scale(128)) == \
+        (E4M3, ScaleRule.ROUND_UP_175, 128)
+    assert (PFormat.MXFP4.element, PFormat.MXFP4.default_scale_rule, PFormat.MXFP4.keys_per_scale(128)) == \
+        (E2M1, ScaleRule.CEIL, MX_BLOCK)
+    assert PFormat.BF16.element is None and PFormat.BF16.keys_per_scale(128) is None
+    assert QKFormat.MXFP6.mx_element is not None and QKFormat.INT8.mx_element is None

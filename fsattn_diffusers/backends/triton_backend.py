@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..formats import QKFormat
 from .registry import Backend, register_backend
 
 
@@ -30,7 +31,7 @@ def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None):
 
 
 def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False, q_lens=None):
-    if recipe.qk_format == "int8":  # the INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py)
+    if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py)
         from ..kernels.ops_int8 import fused_attention_int8
 
         return fused_attention_int8(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,

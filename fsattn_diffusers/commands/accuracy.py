@@ -1,5 +1,30 @@
-"""``fsattn accuracy``: reproduce paper Table 8 (proxy widths) or Table 4 (component ablation), or run the
-structured-input suite (``--suite structured``: every input family against exact attention)."""
+"""``fsattn accuracy``: the accuracy measurements of the recipes against exact attention.
+
+Three modes, one per invocation:
+
+* ``--table 4`` (the default): the paper's component ablation (Table 4), each pipeline component switched on in
+  turn, on random normal inputs of shape (B, H, S, D) (``--shape``, default (1, 2, 4096, 128); the paper's is
+  (1, 24, 32768, 128)) over ``--seeds`` seeds, on ``--device`` (:mod:`fsattn_diffusers.measure.accuracy_tables`).
+  A note says where the setting differs from the paper's.
+* ``--table 8``: the paper's proxy-width table (Table 8): the relative error of Schraudolph's exponential per
+  proxy width (continuous, U32, U16 on FP16 and BF16, U8), beside the paper's values.
+* ``--suite structured``: every structured input family (:mod:`fsattn_diffusers.measure.structured_inputs`; shape
+  (B, H, S) with head dims ``--head-dims``, dtypes ``--dtypes``) through each fsattn preset on ``--backend``, beside
+  FlashAttention-3 FP8 and SageAttention when they are installed; relative Frobenius error and cosine against
+  float64 attention per cell, and the bar checks (each preset within its margin of FA3 FP8).
+  ``--numerics`` overrides the recipes' numerics target (:class:`~fsattn_diffusers.recipe.Numerics`).
+
+``--replay FILE`` instead reruns the attention calls that ``fsattn capture --save-worst`` saved.
+
+Output
+------
+Tables on stdout. ``--json``: the rows with the run's metadata (command, date, versions, device, shape, seeds);
+the suite's file also holds every recipe's resolved fields and its checks, and is rewritten after each case so an
+interrupted run keeps what it measured. ``--markdown`` (suite): the same as a markdown report.
+
+Raises ``UsageError`` (exit 2, one line) for malformed shapes or lists, suite-only flags without ``--suite``, and an
+unusable device.
+"""
 
 from __future__ import annotations
 
@@ -12,6 +37,7 @@ import time
 import torch
 
 from ..cli import UsageError
+from ..recipe import NUMERICS
 
 NAME = "accuracy"
 HELP = ("reproduce the paper's accuracy tables (Table 8: proxy widths, Table 4: component ablation) or run "
@@ -44,7 +70,7 @@ def add_arguments(p) -> None:
                    help="head dims (default 64,128, or the D of a four-number --shape)")
     g.add_argument("--backend", default="auto",
                    help="fsattn backend (default auto: the Triton kernel on CUDA sm_90+, else the emulator)")
-    g.add_argument("--numerics", choices=("mi355x", "sm90"), default=None,
+    g.add_argument("--numerics", choices=NUMERICS, default=None,
                    help="override the recipes' numerics (default: each recipe's own)")
     g.add_argument("--no-external", action="store_true", help="skip FlashAttention-3 and SageAttention columns")
     p.add_argument("--replay", metavar="FILE", default=None,

@@ -1,4 +1,23 @@
-"""``fsattn e2e``: denoising-step latency of a real-size transformer (random weights) under each policy."""
+"""``fsattn e2e``: denoising-step latency of a real-size video transformer under each attention policy.
+
+Builds the Wan2.2-T2V-A14B or HunyuanVideo transformer at its real size with random weights
+(:mod:`fsattn_diffusers.measure.e2e`), makes one step's inputs (latent (B, C, F, H/8, W/8) and text embeddings) and
+times whole denoising steps under each policy: stock bf16 attention (always the first row), the baselines (FA3
+bf16/FP8, SageAttention through diffusers' backend) and the fsattn presets. A step-scheduled policy (``hybrid``,
+``hybrid-int8-mxfp8``) is timed over one real run of ``--schedule-steps`` steps. Options: FP8 linear layers
+(``--gemms fp8``), ``torch.compile`` of the repeated blocks, fewer layers for smoke runs, HunyuanVideo's padded text.
+
+Output
+------
+A text table on stdout (step time, attention time and share, speedup over bf16, rollback rate per policy; text
+encoder, VAE and scheduler excluded). ``--json``: the run's metadata (device, versions, date, command, model spec,
+configuration), the per-policy records with their resolved recipes, and the summary table; ``--md``: the same as a
+markdown table (the paper's Table 6 latency columns). Both files are rewritten after every policy, so an
+interrupted run keeps what it measured.
+
+Raises ``UsageError`` (exit 2, one line) for an unknown policy, a combination the run cannot honour
+(``--compile`` with a scheduled policy, ``sage`` with HunyuanVideo, ``--text-valid`` with Wan) or a missing device.
+"""
 
 from __future__ import annotations
 

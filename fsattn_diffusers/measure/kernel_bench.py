@@ -16,6 +16,7 @@ import statistics
 import sys
 from typing import Callable, Dict, List
 
+from ..formats import QKFormat
 from . import provenance
 
 #: Named shapes (B, H, S, D): paper Table 5; Wan2.1-1.3B 480p; Wan2.2-A14B 720p; HunyuanVideo 720p 129f.
@@ -281,7 +282,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         def full(recipe=recipe):
             return attention(qq, kk, vv, recipe, **lay_args)
         out = torch.empty_like(q)
-        if recipe.qk_format == "int8":  # the INT8 Q/K kernel and its own pre-pass
+        if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel and its own pre-pass
             from ..kernels import ops_int8
 
             pre = (lambda r=recipe: ops_int8.prepass_int8(qq, kk, vv, scale, None, r.hadamard_signs, r.smooth_k))

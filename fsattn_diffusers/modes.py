@@ -1,0 +1,35 @@
+"""String-valued modes.
+
+:class:`Mode` is the base of every enum whose members stand for a mode named by a string: the operand formats and
+scale rules (:mod:`fsattn_diffusers.formats`), the exponential, proxy, numerics target and key order
+(:mod:`fsattn_diffusers.recipe`). A member *is* its string (a ``str`` subclass), so JSON records, CLI arguments,
+dictionary keys and code that compares against the strings (the kernels' plan) see the plain value.
+"""
+
+from __future__ import annotations
+
+import enum
+
+
+class Mode(str, enum.Enum):
+    """A mode named by a string. A member compares, hashes, formats, prints and serializes as its value, so
+    ``Recipe(numerics="sm90").numerics == "sm90"`` and ``{"sm90": 1}[Numerics.SM90] == 1``."""
+
+    __hash__ = str.__hash__
+
+    def __str__(self) -> str:
+        return self.value
+
+    def __repr__(self) -> str:
+        return repr(self.value)
+
+    def __format__(self, spec: str) -> str:
+        return format(self.value, spec)
+
+    @classmethod
+    def values(cls) -> tuple:
+        """The members' strings, in definition order (for ``choices=`` and error messages)."""
+        return tuple(m.value for m in cls)
+
+
+__all__ = ["Mode"]
