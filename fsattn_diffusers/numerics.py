@@ -164,8 +164,7 @@ class SM90Int8Numerics(MI355XNumerics):
         s = torch.matmul(q[..., :-1], k[..., :-1].transpose(1, 2))
         return s * (q[..., -1:] * k[..., -1][:, None, :])
 
-    def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
-        return torch.ceil(tile_max * 128.0) / 128.0 + self.recipe.frozen_max_offset_log2
+    seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
         return self._sm90._stage_a(x, m, 0, not self.recipe.rollback)

@@ -165,13 +165,35 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         num_warps=num_warps)
 
 
-def _fp8_desc(t, block):
-    """Host TMA descriptor of an FP8 tensor with the default NVMMA shared layout for ``block``."""
+def tma_desc(t, block, dtype: str = "float8e4nv"):
+    """Host TMA descriptor of ``t`` (elements of Gluon type ``dtype``) with the default NVMMA shared layout for
+    ``block``."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
 
-    layout = gl.NVMMASharedLayout.get_default_for(block, gl.float8e4nv)
+    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype))
     return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
+
+
+def _fp8_desc(t, block):
+    """Host TMA descriptor of an FP8 tensor (:func:`tma_desc`)."""
+    return tma_desc(t, block)
+
+
+def rollback_tile_words(b: int, h: int, sqp: int, skp: int, stats: Optional[torch.Tensor], device):
+    """``(stats, nkw, tile_bits)`` for a Gluon launch: one bit per (128-row tile, key tile) that rolled back (the two
+    warpgroups of a tile may both fire), ``nkw`` int32 words per query tile (0 and no words when ``stats`` is None,
+    which then becomes a scratch (2,) tensor). Add the bits to ``stats[1]`` with :func:`count_rollback_tiles`."""
+    if stats is None:
+        return torch.zeros((2,), dtype=torch.int32, device=device), 0, None
+    nkw = -(-(skp // BLOCK_N) // 32)
+    return stats, nkw, torch.zeros((b * h * (sqp // 128) * nkw,), dtype=torch.int32, device=device)
+
+
+def count_rollback_tiles(stats: torch.Tensor, tile_bits: Optional[torch.Tensor]) -> None:
+    """``stats[1] +=`` the rolled-back (query tile, key tile) pairs in :func:`rollback_tile_words`' bits."""
+    if tile_bits is not None:
+        stats[1] += _popcount(tile_bits).to(torch.int32)
 
 
 def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
@@ -188,12 +210,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
                          "accepted: operands from prepass(..., variant='gluon_pingpong')")
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
-    want_stats = stats is not None
-    if not want_stats:
-        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
-    # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
-    nkw = -(-(skp // BLOCK_N) // 32) if want_stats else 0
-    tile_bits = torch.zeros((b * h * (sqp // block_m) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
+    stats, nkw, tile_bits = rollback_tile_words(b, h, sqp, skp, stats, q8.device)
     ones_desc = _fp8_desc(_ones_tile(q8.device), [ONES_N.value, BLOCK_N])
     if has_term:  # the chained wgmma's operands: Qx from the table of powers of two, Kx per key
         qx_desc = _fp8_desc(_qx_table(q8.device, WG_ROWS.value), [WG_ROWS.value, KEY_TERM_COLS])
@@ -209,14 +226,13 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
         fsattn_fwd_gluon_pingpong_kernel[(sqp // block_m, b * h)](
             q_desc, k_desc, v_desc, ones_desc, qx_desc, kx_desc,
             qe, ke, vs, ops.kg if has_term else qe, ops.q_sel if term_sel else qe, out,
-            lse if lse is not None else stats, stats, tile_bits, nkw,
+            lse if lse is not None else stats, stats, tile_bits if nkw else stats, nkw,
             kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
             D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
             FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
             STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=key_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
             DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset, num_warps=4)
-    if nkw:
-        stats[1] += _popcount(tile_bits).to(torch.int32)
+    count_rollback_tiles(stats, tile_bits)
 
 
 _ONES = {}
@@ -235,11 +251,12 @@ def _qx_table(device, rows: int) -> torch.Tensor:
     return _QX[key]
 
 
-def _ones_tile(device) -> torch.Tensor:
-    """The (8, 128) E4M3 ones operand of the gluon_pingpong kernel's tensor-core row sum, one per device."""
-    key = str(device)
+def _ones_tile(device, dtype: torch.dtype = torch.float8_e4m3fn) -> torch.Tensor:
+    """The (8, 128) ones operand of a Gluon kernel's tensor-core row sum (E4M3 for gluon_pingpong, BF16 for the INT8
+    kernel), one per device and dtype."""
+    key = (str(device), dtype)
     if key not in _ONES:
-        _ONES[key] = torch.ones((8, BLOCK_N), device=device).to(torch.float8_e4m3fn)
+        _ONES[key] = torch.ones((8, BLOCK_N), device=device).to(dtype)
     return _ONES[key]
 
 
@@ -330,14 +347,23 @@ def fused_attention(q, k, v, plan: KernelPlan, *, scale: float, kv_lens=None, re
     if q_lens is not None:
         q_lens = q_lens.to(device=q.device, dtype=torch.int32).contiguous()
     args = (q, k, v, kv_lens, float(scale), plan.key(), bool(return_lse), out_bshd, bool(return_stats))
+    return run_fused(lambda on_flags: _fused_attention(*args, on_flags=on_flags, q_lens=q_lens),
+                     lambda: fused_attention_op(*args, q_lens), q, k, kv_lens, out_bshd, return_lse, return_stats,
+                     detect_nonfinite)
+
+
+def run_fused(eager, op, q, k, kv_lens, out_bshd: bool, return_lse: bool, return_stats: bool, detect_nonfinite: bool):
+    """A backend entry's call of its work: ``eager(on_flags)`` when the pre-pass's non-finite flags are wanted
+    (staged to the host before the attention kernel's launch), else the custom op ``op()``; both return ``(out, lse,
+    stats (2,) int32)``. Returns ``(out (B, H, S_q, D) view, lse or None, stats dict or None, StagedFlags or None)``."""
     staged = None
     if detect_nonfinite:
         def stage(flags):
             nonlocal staged
             staged = StagedFlags(flags.view(q.shape[0], q.shape[1]) > 0)
-        out, lse, st = _fused_attention(*args, on_flags=stage, q_lens=q_lens)
+        out, lse, st = eager(stage)
     else:
-        out, lse, st = fused_attention_op(*args, q_lens)
+        out, lse, st = op()
     out = out.transpose(1, 2) if out_bshd else out
     stats = None
     if return_stats:

@@ -9,9 +9,9 @@ from typing import Optional, Tuple
 import torch
 
 from fsattn_diffusers.exponent import LOG2E
-from fsattn_diffusers.nonfinite import StagedFlags
 from fsattn_diffusers.smoothing import lse_offset
 
+from .ops import _lse_shape, _ones_tile, _out_like, count_rollback_tiles, rollback_tile_words, run_fused, tma_desc
 from .prepass import KEY_TILE
 from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
 from .token_mean import token_mean
@@ -19,24 +19,6 @@ from .token_mean import token_mean
 # K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
 INT8_STAGES = 3
 INT8_WORKER_REGS = 240
-
-_ONES16 = {}
-
-
-def _desc(t, block, dtype_name):
-    from triton.experimental.gluon import language as gl
-    from triton.experimental.gluon.nvidia.hopper import TensorDescriptor
-
-    layout = gl.NVMMASharedLayout.get_default_for(block, getattr(gl, dtype_name))
-    return TensorDescriptor(t, list(t.shape), list(t.stride()), block, layout)
-
-
-def _ones_bf16(device) -> torch.Tensor:
-    key = str(device)
-    if key not in _ONES16:
-        _ONES16[key] = torch.ones((8, KEY_TILE), dtype=torch.bfloat16, device=device)
-    return _ONES16[key]
-
 
 def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth_k: bool = True, flags=None):
     """``(q8, qs, k8, ks, v16, k_mean)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k, v; ``flags``
@@ -51,30 +33,23 @@ def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse
                                  floor=math.inf, diagonal=False, m_offset=0.0, stages=INT8_STAGES,
                                  regs=INT8_WORKER_REGS):
     """Launch the kernel on :func:`prepass_int8`'s operands, writing ``out`` (B, H, S_q, D view, any strides)."""
-    from .fused_attention_gluon_int8 import WG_ROWS, fsattn_fwd_gluon_int8_kernel
+    from .fused_attention_gluon_int8 import ONES_N, WG_ROWS, fsattn_fwd_gluon_int8_kernel
 
     q8, qs, k8, ks, v16 = ops[:5]
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
-    want_stats = stats is not None
-    if not want_stats:
-        stats = torch.zeros((2,), dtype=torch.int32, device=q8.device)
-    # one bit per (128-row tile, key tile) that rolled back: the two warpgroups of a tile may both fire
-    nkw = -(-(skp // KEY_TILE) // 32) if want_stats else 0
-    tile_bits = torch.zeros((b * h * (sqp // 128) * nkw,), dtype=torch.int32, device=q8.device) if nkw else stats
-    q_desc = _desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d], "int8")
-    k_desc = _desc(k8.view(b * h * skp, d), [KEY_TILE, d], "int8")
-    v_desc = _desc(v16.view(b * h * skp, d), [KEY_TILE, d], "bfloat16")
-    ones_desc = _desc(_ones_bf16(q8.device), [8, KEY_TILE], "bfloat16")
+    stats, nkw, tile_bits = rollback_tile_words(b, h, sqp, skp, stats, q8.device)
+    q_desc = tma_desc(q8.view(b * h * sqp, d), [WG_ROWS.value, d], "int8")
+    k_desc = tma_desc(k8.view(b * h * skp, d), [KEY_TILE, d], "int8")
+    v_desc = tma_desc(v16.view(b * h * skp, d), [KEY_TILE, d], "bfloat16")
+    ones_desc = tma_desc(_ones_tile(q8.device, torch.bfloat16), [ONES_N.value, KEY_TILE], "bfloat16")
     fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
-        q_desc, k_desc, v_desc, ones_desc, qs, ks, out, lse if lse is not None else stats, stats, tile_bits, nkw,
+        q_desc, k_desc, v_desc, ones_desc, qs, ks, out, lse if lse is not None else stats, stats,
+        tile_bits if nkw else stats, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap), FLOOR=float(floor),
         STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), num_warps=4)
-    if nkw:
-        from .ops import _popcount
-
-        stats[1] += _popcount(tile_bits).to(torch.int32)
+    count_rollback_tiles(stats, tile_bits)
     return out
 
 
@@ -107,9 +82,9 @@ def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, 
     """:func:`fused_attention_int8_op`'s work; with ``on_flags`` (eager calls) the pre-pass also writes the non-finite
     flags, (B * H,) int32, and ``on_flags(flags)`` runs before the attention kernel's launch."""
     signs, smooth_k, cfg = _settings(key)
-    b, h, s_q, d = q.shape
-    out = torch.empty((b, s_q, h, d) if out_bshd else (b, h, s_q, d), dtype=q.dtype, device=q.device)
-    lse = torch.empty((b, h, s_q) if return_lse else (0,), dtype=torch.float32, device=q.device)
+    b, h, s_q, _ = q.shape
+    out = _out_like(q, out_bshd)
+    lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)
     stats = torch.zeros((2,), dtype=torch.int32, device=q.device)
     flags = torch.zeros((b * h,), dtype=torch.int32, device=q.device) if on_flags is not None else None
     ops = prepass_int8(q, k, v, scale, kv_lens, signs, smooth_k, flags)
@@ -133,9 +108,7 @@ def fused_attention_int8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
 
 @fused_attention_int8_op.register_fake
 def _(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats):
-    b, h, s_q, d = q.shape
-    return (torch.empty((b, s_q, h, d) if out_bshd else (b, h, s_q, d), dtype=q.dtype, device=q.device),
-            torch.empty((b, h, s_q) if return_lse else (0,), dtype=torch.float32, device=q.device),
+    return (_out_like(q, out_bshd), torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device),
             torch.empty((2,), dtype=torch.int32, device=q.device))
 
 
@@ -144,27 +117,12 @@ def fused_attention_int8(q, k, v, recipe, *, scale: float, kv_lens=None, return_
     """Backend entry for INT8 recipes: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or
     None, flags)`` as :func:`kernels.ops.fused_attention` (``flags``: with ``detect_nonfinite`` the pre-pass's
     :class:`fsattn_diffusers.nonfinite.StagedFlags`, else None)."""
-    from .ops import visited_tiles
-
     out_bshd = q.stride(1) < q.stride(2)
     if kv_lens is not None:
         kv_lens = kv_lens.to(device=q.device, dtype=torch.int32).contiguous()
     args = (q, k, v, kv_lens, float(scale), settings_key(recipe), bool(return_lse), out_bshd, bool(return_stats))
-    staged = None
-    if detect_nonfinite:
-        def stage(flags):
-            nonlocal staged
-            staged = StagedFlags(flags.view(q.shape[0], q.shape[1]) > 0)
-        out, lse, st = _fused_int8(*args, on_flags=stage)
-    else:
-        out, lse, st = fused_attention_int8_op(*args)
-    out = out.transpose(1, 2) if out_bshd else out
-    stats = None
-    if return_stats:
-        rows, tiles_rb = (int(x) for x in st.tolist())
-        tiles = visited_tiles(q.shape[0], q.shape[1], q.shape[2], k.shape[2], kv_lens)
-        stats = {"rollbacks": rows, "tiles": tiles, "rollback_tiles": tiles_rb, "rollback_rate": tiles_rb / max(1, tiles)}
-    return out, (lse if return_lse else None), stats, staged
+    return run_fused(lambda on_flags: _fused_int8(*args, on_flags=on_flags), lambda: fused_attention_int8_op(*args),
+                     q, k, kv_lens, out_bshd, return_lse, return_stats, detect_nonfinite)
 
 
 def attention_int8(q, k, v, recipe="int8-bf16", scale: Optional[float] = None, kv_lens=None):

@@ -119,14 +119,7 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
         qm = tl.load(QMEAN + bh * D + cols)
         tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
     if HAD:
-        if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
-            y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
-        else:
-            y = tl.dot(x.to(tl.bfloat16), hm)  # +-1 entries: exact products, fp32 sums
-        if ROUND_TWICE:
-            y = _bf16_value(_bf16_value(y * rsqrt_d, HW_CVT) * mult, HW_CVT)
-        else:
-            y = _bf16_value((y * rsqrt_d) * mult, HW_CVT)
+        y = rotate_scaled(x, hm, rsqrt_d, mult, DOT_F32, ROUND_TWICE, HW_CVT)
     else:
         y = _bf16_value(x * mult, HW_CVT)
     y3 = tl.reshape(y, (BS, D // 32, 32))
@@ -172,6 +165,19 @@ def _round_elems(t, MBITS: tl.constexpr, EMIN: tl.constexpr, MAXV: tl.constexpr,
         return round_e2m1(t, MAXV), 0
     else:
         return round_elem(t, MBITS, EMIN, MAXV), 0
+
+
+@triton.jit
+def rotate_scaled(x, hm, rsqrt_d, mult, DOT_F32: tl.constexpr, ROUND_TWICE: tl.constexpr, HW_CVT: tl.constexpr):
+    """``x @ hm`` (the +-1 rotation, (D, D)) times ``rsqrt_d * multiplier`` on the BF16 grid, as
+    :func:`fsattn_diffusers.operands.prequantize_qk` rounds it: once, or (``ROUND_TWICE``, MXFP8) after each factor."""
+    if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
+        y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
+    else:
+        y = tl.dot(x.to(tl.bfloat16), hm)  # +-1 entries: exact products, fp32 sums
+    if ROUND_TWICE:
+        return _bf16_value(_bf16_value(y * rsqrt_d, HW_CVT) * mult, HW_CVT)
+    return _bf16_value((y * rsqrt_d) * mult, HW_CVT)
 
 
 @triton.jit

@@ -29,7 +29,7 @@ import triton.language as tl
 from fsattn_diffusers.formats import INT8_MAX as _INT8_MAX
 
 from .common import RNE_MAGIC, flag_nonfinite_rows, load_slice_rows
-from .prepass import INTERPRET, KEY_TILE, ROWS, _bf16_value, _hadamard_pm1, padded
+from .prepass import INTERPRET, KEY_TILE, ROWS, _bf16_value, _hadamard_pm1, padded, rotate_scaled
 
 # The largest INT8 code (codes -127..127), as a Triton constant.
 INT8_MAX = tl.constexpr(float(_INT8_MAX))
@@ -56,12 +56,7 @@ def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, H, S, 
     if HAS_MEAN:  # smoothing.subtract_mean on the valid rows, rounded to BF16 again
         mu = tl.load(MEAN + bh * D + cols)
         x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
-    hm = tl.load(HM + cols[:, None] * D + cols[None, :])
-    if DOT_F32:  # the CPU interpreter's BF16 dot is wrong; fp32 gives the same exact products
-        y = tl.dot(x, hm.to(tl.float32), input_precision="ieee")
-    else:
-        y = tl.dot(x.to(tl.bfloat16), hm)  # +-1 entries: exact products, fp32 sums
-    y = _bf16_value((y * rsqrt_d) * mult, HW_CVT)
+    y = rotate_scaled(x, tl.load(HM + cols[:, None] * D + cols[None, :]), rsqrt_d, mult, DOT_F32, False, HW_CVT)
     if PER_ROW:
         amax = tl.max(tl.abs(y), axis=1)
         sc = tl.where(amax == 0.0, 1.0, tl.math.div_rn(amax, tl.full(amax.shape, INT8_MAX, tl.float32)))
