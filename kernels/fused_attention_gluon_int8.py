@@ -7,9 +7,16 @@ vote, the rare rollback); its helpers are imported from there. What differs, per
 
     issue S_j = Q8 K8_j^T (s8 x s8 -> s32); issue l += P16_{j-1} @ ones; issue O += P16_{j-1} V16_{j-1}   (async)
     wait for S_j and l; scores in doublings x = S_j * a_j with a_j = QS_row * KS_j (fp32, one rounding)
-    gate on rowmax(x) (int32 maximum, then one multiply), Stage-A: ``max(fma(S_j, 128 a_j, c), MAGIC)``, whose low
-    16 bits are the BF16 proxy pattern of ``P = 2^(x - m)`` (grid 1/128 of a doubling, Schraudolph's bias ``D_BITS``)
-    wait for the PV GEMM; rare rollback; P16_j = two patterns per register (one PRMT), carried to iteration j+1
+    gate on rowmax(x) (int32 maximum, then one multiply), Stage-A (``EXP2``, below) gives ``P = 2^(x - m)``
+    wait for the PV GEMM; rare rollback; P16_j = two BF16 values per register, carried to iteration j+1
+
+Stage-A (``EXP2``; sm90_numerics differences 10, 11):
+
+- ``EXP2_SCHRAUDOLPH``: ``z = max(fma(S_j, 128 a_j, c), MAGIC)``, whose low 16 bits are the BF16 proxy pattern (grid
+  1/128 of a doubling, Schraudolph's bias ``D_BITS``); one PRMT packs two patterns.
+- ``EXP2_QUADRATIC``: the same ``z``, its ramp corrected by two more FMAs: ``r`` = the pattern's mantissa field (one
+  LOP3 puts it into the bits of 2^23 + r, one subtraction), ``z += r (r C/128 - C)`` (``exponent.RAMP_C``).
+- ``EXP2_HW``: ``ex2.approx.f32(fma(S_j, a_j, -m))`` and ``cvt.rn.bf16x2.f32`` for two values.
 
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
 ``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
@@ -25,6 +32,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
+from fsattn_diffusers.exponent import RAMP_C
+
 from .fused_attention_gluon_pingpong import (LN2, MAGIC, ONES_N, WG_ROWS, _key_tile, _lowering_trigger, _warp_any,
                                              _warp_vote_declare)
 from .common import FLOOR_LIMIT
@@ -35,6 +44,15 @@ I2F_BITS = gl.constexpr(0x4B400000)
 I2F_MAGIC = gl.constexpr(12582912.0)
 # Stage-A's grid: 2^7 steps per doubling (BF16's mantissa).
 GRID = gl.constexpr(128.0)
+# Stage-A's exponentials (the EXP2 constexpr; kernels.ops_int8.EXP2_MODE maps Recipe.exponential onto them).
+EXP2_SCHRAUDOLPH = gl.constexpr(0)
+EXP2_QUADRATIC = gl.constexpr(1)
+EXP2_HW = gl.constexpr(2)
+# The ramp correction's constants (exponent.ramp_correction): C and C / 128 as fp32; 2^23 (its bits 0x4B000000
+# are the LOP3 immediate in _stage_a).
+RAMP_C32 = gl.constexpr(RAMP_C)
+RAMP_K32 = gl.constexpr(RAMP_C / 128.0)
+TWO23 = gl.constexpr(8388608.0)
 
 
 @gluon.jit
@@ -63,6 +81,36 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
+def _stage_a(x, a, c, m, EXP2: gl.constexpr):
+    """Stage-A on the scores ``x`` (exact fp32 integers) of one key tile with the row factors ``a`` and constants
+    ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``)
+    are P (module docstring)."""
+    if EXP2 == EXP2_HW:
+        p = gl.exp2(x * a[:, None] - m[:, None])
+    else:
+        p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
+        if EXP2 == EXP2_QUADRATIC:
+            r = gl.inline_asm_elementwise("lop3.b32 $0, $1, 0x7F, 0x4B000000, 0xEA;", "=r,r",  # (z & 0x7F) | 2^23
+                                          [p.to(gl.int32, bitcast=True)], dtype=gl.int32, is_pure=True, pack=1)
+            r = r.to(gl.float32, bitcast=True) - TWO23
+            p = r * (r * RAMP_K32 - RAMP_C32) + p
+    return p
+
+
+@gluon.jit
+def _p_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EXP2: gl.constexpr):
+    """:func:`_stage_a`'s words as the PV operand: :func:`_bf16_words`, or for ``EXP2_HW`` one
+    ``cvt.rn.bf16x2.f32`` per two values (element ``2 w`` in the low half)."""
+    if EXP2 == EXP2_HW:
+        e0, e1 = gl.split(gl.reshape(gl.convert_layout(f, p_layout), [BM, BN // 2, 2]))
+        w = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [e0, e1], dtype=gl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        w = _bf16_words(f, p_layout, BM, BN)
+    return w
+
+
+@gluon.jit
 def _words_to_bf16(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
     """The inverse of :func:`_bf16_words`' packing: the (BM, BN) BF16 A operand in ``p_layout`` (no instructions)."""
     w2 = gl.convert_layout(gl.reshape(gl.join(w, w), [BM, BN]), p_layout)
@@ -78,7 +126,7 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, row0, pred, BN: 
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
+def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
               onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh,
               sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
@@ -126,7 +174,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _bf16_words(gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC), p_layout, BM, BN)
+        pw = _p_words(_stage_a(x, a, c, m, EXP2), p_layout, BM, BN, EXP2)
         for j in range(1, n_tiles):
             slot = j % STAGES
             prev = (j - 1) % STAGES
@@ -144,7 +192,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_
             fire = (xmax > m + CAP) | (low & low_before)
             low_before = low
             anyfire = _warp_any(fire, WG)
-            p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
+            p = _stage_a(x, a, c, m, EXP2)
             o, p = warpgroup_mma_wait(0, deps=(o, p))
             mbarrier.arrive(empty.index(prev))
             if WG == 1:
@@ -163,8 +211,8 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_
                 nfired += (fire & row_ok).to(gl.int32)
                 gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
                              (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
-                p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
-            pw = _bf16_words(p, p_layout, BM, BN)
+                p = _stage_a(x, a, c, m, EXP2)
+            pw = _p_words(p, p_layout, BM, BN, EXP2)
         last = (n_tiles - 1) % STAGES
         pa = _words_to_bf16(pw, p_layout, BM, BN)
         lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
@@ -191,7 +239,8 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
                                  sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
-                                 DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0):
+                                 DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0,
+                                 EXP2: gl.constexpr = 0):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 (B*H*SQP, D) int8, block (64, D); QS (B*H*SQP) fp32 its per-row scales.
@@ -199,6 +248,7 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
     v_desc : of V16 (B*H*SKP, D) bf16, block (BN, D), zero rows past the valid keys.
     ones_desc : of an (8, BN) BF16 tensor of ones: the row sum's B operand.
     DIAGONAL, M_OFFSET, CAP, FLOOR : as :func:`kernels.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
+    EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_QUADRATIC``, ``EXP2_HW``; module docstring).
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -241,5 +291,5 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
     args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS,
             FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
             M_OFFSET)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL) + args),
-                        (_consumer, (gl.constexpr(1), DIAGONAL) + args)], [4], [REGS])
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2) + args),
+                        (_consumer, (gl.constexpr(1), DIAGONAL, EXP2) + args)], [4], [REGS])
