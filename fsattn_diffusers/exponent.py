@@ -1,4 +1,4 @@
-"""Stage-A exponentials: exact exp2, Schraudolph's bit construction (plain or with its ramp corrected) and Rowmax-H15.
+"""Stage-A exponentials: exact exp2, Schraudolph's bit construction and Rowmax-H15.
 
 Every function takes ``y = X - m`` (base-2 score minus the row reference, float32) and returns the
 probability proxy as float32 values. ``y = -inf`` (masked key) gives 0 for ``exact`` and
@@ -21,10 +21,6 @@ SCHRAUDOLPH_EPS = 0.05798
 PROXY_LAYOUT = {"u32": (23, 127, 32), "u16": (7, 127, 16), "u8": (3, 7, 8)}
 # The U8 pattern is read as FP8 E4M3, whose 0x7F is NaN: saturate at 0x7E (448).
 U8_MAX_CODE = 0x7E
-# The quadratic correction of Schraudolph's ramp: a pattern whose mantissa field reads f in [0, 1) stands for 1 + f,
-# and ``1 + f + C f (f - 1)`` is 2^f within 0.0027 doublings RMS (0.0076 peak to peak) at C = 1/3, the RMS-optimal
-# value over f (the plain ramp: 0.026 RMS, 0.086 peak to peak). Applied in units of the mantissa's least bit (RAMP_C, float32).
-RAMP_C = 1.0 / 3.0
 # Rowmax-H15 keeps results normal: n >= -252 gives at least 2^-126 (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?").
 ROWMAX_H15_MIN_N = -252
 
@@ -46,19 +42,6 @@ def schraudolph_pattern(y: torch.Tensor, proxy: str = "u16") -> torch.Tensor:
     return torch.clamp(torch.nan_to_num(t, nan=float(top)), 0, top).to(torch.int64)
 
 
-def ramp_correction(pattern: torch.Tensor, mbits: int) -> torch.Tensor:
-    """Schraudolph's pattern with the quadratic correction of its mantissa ramp, as the kernels compute it.
-
-    ``r`` = the pattern's mantissa field (``2^mbits f``), ``w = float32(r C' - C)`` with ``C' = C / 2^mbits`` (one
-    FMA), and the result ``rne(pattern + r w)`` (one FMA whose result lands on the integer grid). Non-negative int64
-    patterns in, int64 out; ``r w`` lies in ``(-r, 0]``, so the result stays non-negative and monotone in the input.
-    """
-    c = torch.tensor(RAMP_C, dtype=torch.float32).double()
-    r = (pattern & ((1 << mbits) - 1)).double()
-    w = (r * (c / 2 ** mbits) - c).float().double()  # one rounding: r C' and C are exact in float64
-    return torch.round(pattern.double() + r * w).to(torch.int64)
-
-
 def _u32_bits_as_float(bits: torch.Tensor) -> torch.Tensor:
     """Reinterpret unsigned 32-bit patterns held in int64 as float32."""
     return torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32).view(torch.float32)
@@ -78,14 +61,9 @@ def schraudolph_u16(y: torch.Tensor) -> torch.Tensor:
     return pattern_to_float(schraudolph_pattern(y, "u16"), "u16")
 
 
-def schraudolph(y: torch.Tensor, proxy: str = "u16", quadratic: bool = False) -> torch.Tensor:
-    """Schraudolph proxy of ``2^y`` of the given width (``u32``, ``u16`` or ``u8``); ``quadratic``: with
-    :func:`ramp_correction` (then clamped to the width again)."""
-    pattern = schraudolph_pattern(y, proxy)
-    if quadratic:
-        mbits, _, width = PROXY_LAYOUT[proxy]
-        pattern = torch.clamp(ramp_correction(pattern, mbits), max=U8_MAX_CODE if proxy == "u8" else 2 ** width - 1)
-    return pattern_to_float(pattern, proxy)
+def schraudolph(y: torch.Tensor, proxy: str = "u16") -> torch.Tensor:
+    """Schraudolph proxy of ``2^y`` of the given width (``u32``, ``u16`` or ``u8``)."""
+    return pattern_to_float(schraudolph_pattern(y, proxy), proxy)
 
 
 def rowmax_h15(y: torch.Tensor) -> torch.Tensor:
@@ -103,9 +81,8 @@ def stage_a(y: torch.Tensor, exponential: str, proxy: str) -> torch.Tensor:
     """Dispatch on the recipe's exponential."""
     if exponential == "exact":
         return exp2_exact(y)
-    if exponential in ("schraudolph", "schraudolph_quadratic"):
-        return schraudolph(y, proxy, quadratic=exponential == "schraudolph_quadratic")
+    if exponential == "schraudolph":
+        return schraudolph(y, proxy)
     if exponential == "rowmax_h15":
         return rowmax_h15(y)
-    raise ValueError(f"unknown exponential {exponential!r}; accepted: exact, schraudolph, schraudolph_quadratic, "
-                     f"rowmax_h15")
+    raise ValueError(f"unknown exponential {exponential!r}; accepted: exact, schraudolph, rowmax_h15")

@@ -130,7 +130,7 @@ class SM90Numerics(MI355XNumerics):
 
 
 #: The exponentials of the Hopper INT8 kernel (sm90_numerics difference 11).
-INT8_EXPONENTIALS = (Exponential.SCHRAUDOLPH, Exponential.SCHRAUDOLPH_QUADRATIC, Exponential.EXACT)
+INT8_EXPONENTIALS = (Exponential.SCHRAUDOLPH, Exponential.EXACT)
 
 
 class SM90Int8Numerics(MI355XNumerics):
@@ -172,12 +172,11 @@ class SM90Int8Numerics(MI355XNumerics):
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """Difference 11: Schraudolph's BF16 pattern, plain or ramp-corrected, or BF16(2^(x - m)) (``exact``)."""
+        """Schraudolph's BF16 pattern (difference 10) or BF16(2^(x - m)) (``exact``, difference 11)."""
         if self.recipe.exponential == Exponential.EXACT:
             y = (x.double() - m.double()[..., None]).float()
             return torch.nan_to_num(torch.exp2(y).to(torch.bfloat16).float(), nan=0.0)
-        return self._sm90._stage_a(x, m, 0, not self.recipe.rollback,
-                                   quadratic=self.recipe.exponential == Exponential.SCHRAUDOLPH_QUADRATIC)
+        return self._sm90._stage_a(x, m, 0, not self.recipe.rollback)
 
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """No Stage-B: P is Stage-A's BF16 value; the row sum adds those values."""

@@ -36,7 +36,6 @@ class Exponential(Mode):
 
     EXACT = "exact"
     SCHRAUDOLPH = "schraudolph"
-    SCHRAUDOLPH_QUADRATIC = "schraudolph_quadratic"
     ROWMAX_H15 = "rowmax_h15"
 
 
@@ -116,9 +115,8 @@ class Recipe:
         keys (``formats.fake_quantize_int8_rows``): INT8 products sum exactly in int32, and both scales fold into a
         per-row factor per key tile. ``bf16``/``fp32`` round to those types.
     exponential : Exponential or str
-        ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction),
-        ``schraudolph_quadratic`` (the same pattern with its mantissa ramp ``1 + f`` corrected towards ``2^f`` by a
-        quadratic in the mantissa, :func:`fsattn_diffusers.exponent.ramp_correction`) or ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave,
+        ``exact`` (exp2 in FP32), ``schraudolph`` (paper Section 4.2-4.3, affine bit construction) or
+        ``rowmax_h15`` (Rowmax-H15 of "How Much Softmax Do You Need in LLMs?": two levels per octave,
         {1, 1.5}·2^n, anchored at the row max).
     proxy : Proxy or str
         Width of the Schraudolph pattern (Stage-A): ``u32`` read as FP32, ``u16`` read as BF16 (the

@@ -61,12 +61,9 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    recipe's cap: BF16 holds ``2^32``. BF16 products accumulate in fp32 on the tensor cores, so O and ``l`` are
    chained across key tiles in the wgmma accumulators.
 
-11. **The INT8 tier's exponentials.** ``schraudolph_quadratic``: difference 10's pattern ``t`` (clamped at 0) corrected
-   as :func:`fsattn_diffusers.exponent.ramp_correction` says, with the kernel's float32 operations (``r = t mod 128``,
-   ``w = float32(r C/128 - C)``, ``rne(t + r w)``; the kernel holds ``t`` in the low bits of an fp32 word at 1.5 2^23,
-   where an FMA's result lands on the integer grid). ``exact``: ``P = BF16(2^(X - m))``, ``X - m`` one fp32 rounding,
-   ``2^y`` the hardware's ``ex2.approx.f32`` (within 2 ulp of fp32, so P's round-to-nearest BF16 can differ from the
-   reference's by one ulp near a tie); no ``eps'``.
+11. **The INT8 tier's exact exponential (``exponential="exact"``).** ``P = BF16(2^(X - m))`` instead of Schraudolph's
+   pattern: ``X - m`` one fp32 rounding, ``2^y`` the hardware's ``ex2.approx.f32`` (within 2 ulp of fp32, so P's
+   round-to-nearest BF16 can differ from the reference's by one ulp near a tie); no ``eps'``.
 
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
@@ -83,7 +80,6 @@ from typing import NamedTuple, Optional, Tuple
 import torch
 
 from .formats import E4M3, MX_ELEMENT, PFormat, VFormat, round_to_bf16, round_to_elem, shared_exponent
-from .exponent import ramp_correction
 from .operands import LOG2E, prepare_v, prequantize_qk, scale_rule
 from .recipe import Recipe
 
@@ -256,18 +252,14 @@ def operands(q, k, v, recipe: Recipe, scale: float, valid: Optional[torch.Tensor
     return qc, kc, vc, (term.bias_eff, kept)
 
 
-def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: bool = False,
-             quadratic: bool = False) -> torch.Tensor:
+def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: bool = False) -> torch.Tensor:
     """Difference 2: the BF16 pattern of P * 2^sigma, rne(128 (X - m) + D + 128 sigma) in float64, or with
-    ``f16`` (difference 7) the FP16 pattern rne(1024 (X - m) + D16 + 1024 sigma); ``quadratic`` (BF16 only,
-    difference 11): the clamped pattern then corrected by ``exponent.ramp_correction``. Returns float32 values."""
+    ``f16`` (difference 7) the FP16 pattern rne(1024 (X - m) + D16 + 1024 sigma). Returns float32 values."""
     grid, bias = (1024.0, D_BITS_F16) if f16 else (128.0, D_BITS)
     t = torch.round(x.double() * grid - m.double()[..., None] * grid + (bias + grid * sigma))
     t = torch.nan_to_num(t, nan=0.0, neginf=0.0)
     top = (F16_MAX_BITS if f16 else 65535.0) if saturate else float("inf")
     t = torch.clamp(t, min=0.0, max=top)
-    if quadratic:
-        t = torch.clamp(ramp_correction(t.to(torch.int64), 7).double(), max=top)
     if f16:  # the kernel reads the low 16 bits of the fp32 word that carries the pattern
         return (t.to(torch.int64) & 0xFFFF).to(torch.int16).view(torch.float16).to(torch.float32)
     bits = (t.to(torch.int64) << 16).to(torch.int32)

@@ -17,9 +17,9 @@ from .prepass import KEY_TILE
 from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
 from .token_mean import token_mean
 
-#: Stage-A's exponential per Recipe.exponential: the kernel's EXP2 values (EXP2_SCHRAUDOLPH, EXP2_QUADRATIC,
-#: EXP2_HW of kernels.fused_attention_gluon_int8, which imports Triton).
-EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.SCHRAUDOLPH_QUADRATIC: 1, Exponential.EXACT: 2}
+#: Stage-A's exponential per Recipe.exponential: the kernel's EXP2 values (EXP2_SCHRAUDOLPH, EXP2_HW of
+#: kernels.fused_attention_gluon_int8, which imports Triton).
+EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
 INT8_STAGES = 3
 INT8_WORKER_REGS = 240

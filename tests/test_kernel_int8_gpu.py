@@ -113,7 +113,7 @@ def test_the_int8_tier_is_more_accurate_than_mxfp8_on_structured_inputs():
         assert ei < 0.6 * e8
 
 
-@pytest.mark.parametrize("exponential", ["schraudolph", "schraudolph_quadratic", "exact"])
+@pytest.mark.parametrize("exponential", ["schraudolph", "exact"])
 @pytest.mark.parametrize("case", ["gaussian", "sharp", "clustered", "attention_sink", "spiky", "kv_lens"])
 def test_each_stage_a_exponential_matches_its_reference(exponential, case):
     recipe = RECIPE.replace(exponential=exponential)

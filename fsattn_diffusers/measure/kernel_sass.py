@@ -159,7 +159,6 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", HAS_BIAS=True)),
     "gluon_int8": (compile_gluon_int8, {}),
     "gluon_int8_d64_lse_kvl": (compile_gluon_int8, dict(d=64, WRITE_LSE=True, HAS_KVL=True)),
-    "gluon_int8_schraudolph_quadratic": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=schraudolph_quadratic")),
     "gluon_int8_exact": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact")),
 }
 
