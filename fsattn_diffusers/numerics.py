@@ -129,6 +129,10 @@ class SM90Numerics(MI355XNumerics):
         return p8, p8.sum(dim=-1)
 
 
+#: The exponentials of the Hopper INT8 kernel (sm90_numerics difference 11).
+INT8_EXPONENTIALS = (Exponential.SCHRAUDOLPH, Exponential.EXACT)
+
+
 class SM90Int8Numerics(MI355XNumerics):
     """The Hopper INT8 Q/K kernel (``kernels/fused_attention_gluon_int8.py``, sm90_numerics difference 10): exact
     integer scores times ``float32(s_q s_k)``, the reference on the 1/128 grid, Stage-A's BF16 pattern itself as P
@@ -137,10 +141,11 @@ class SM90Int8Numerics(MI355XNumerics):
     def __init__(self, recipe: Recipe):
         from . import sm90_numerics as sm90
 
-        if not (recipe.frozen_max and recipe.exponential == Exponential.SCHRAUDOLPH and recipe.proxy == Proxy.U16
+        if not (recipe.frozen_max and recipe.exponential in INT8_EXPONENTIALS and recipe.proxy == Proxy.U16
                 and recipe.p_format == PFormat.BF16 and recipe.v_format == VFormat.BF16):
-            raise ValueError(f"numerics='sm90' with int8 Q/K covers the Hopper INT8 kernel's recipe only (frozen max, "
-                             f"Schraudolph U16, BF16 P and V), got {recipe}; accepted: int8-bf16")
+            raise ValueError(f"numerics='sm90' with int8 Q/K covers the Hopper INT8 kernel's recipes only (frozen max, "
+                             f"exponential {', '.join(INT8_EXPONENTIALS)} with the U16 proxy, BF16 P and V), got "
+                             f"{recipe}; accepted: int8-bf16 and its exponential= variants")
         super().__init__(recipe)
         self._sm90 = sm90
         self.tile_m = self.tile_n = sm90.TILE
@@ -167,6 +172,10 @@ class SM90Int8Numerics(MI355XNumerics):
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """Schraudolph's BF16 pattern (difference 10) or BF16(2^(x - m)) (``exact``, difference 11)."""
+        if self.recipe.exponential == Exponential.EXACT:
+            y = (x.double() - m.double()[..., None]).float()
+            return torch.nan_to_num(torch.exp2(y).to(torch.bfloat16).float(), nan=0.0)
         return self._sm90._stage_a(x, m, 0, not self.recipe.rollback)
 
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:

@@ -61,6 +61,10 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    recipe's cap: BF16 holds ``2^32``. BF16 products accumulate in fp32 on the tensor cores, so O and ``l`` are
    chained across key tiles in the wgmma accumulators.
 
+11. **The INT8 tier's exact exponential (``exponential="exact"``).** ``P = BF16(2^(X - m))`` instead of Schraudolph's
+   pattern: ``X - m`` one fp32 rounding, ``2^y`` the hardware's ``ex2.approx.f32`` (within 2 ulp of fp32, so P's
+   round-to-nearest BF16 can differ from the reference's by one ulp near a tie); no ``eps'``.
+
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
 chained onto O every later tile's products would be cut at O's magnitude: on sharp, patch-like rows 10.5% of the output

@@ -7,14 +7,19 @@ vote, the rare rollback); its helpers are imported from there. What differs, per
 
     issue S_j = Q8 K8_j^T (s8 x s8 -> s32); issue l += P16_{j-1} @ ones; issue O += P16_{j-1} V16_{j-1}   (async)
     wait for S_j and l; scores in doublings x = S_j * a_j with a_j = QS_row * KS_j (fp32, one rounding)
-    gate on rowmax(x) (int32 maximum, then one multiply), Stage-A: ``max(fma(S_j, 128 a_j, c), MAGIC)``, whose low
-    16 bits are the BF16 proxy pattern of ``P = 2^(x - m)`` (grid 1/128 of a doubling, Schraudolph's bias ``D_BITS``)
-    wait for the PV GEMM; rare rollback; P16_j = two patterns per register (one PRMT), carried to iteration j+1
+    gate on rowmax(x) (int32 maximum, then one multiply), Stage-A (``EXP2``, below) gives ``P = 2^(x - m)``
+    wait for the PV GEMM; rare rollback; P16_j = two BF16 values per register, carried to iteration j+1
+
+Stage-A (``EXP2``; sm90_numerics differences 10, 11):
+
+- ``EXP2_SCHRAUDOLPH``: ``z = max(fma(S_j, 128 a_j, c), MAGIC)``, whose low 16 bits are the BF16 proxy pattern (grid
+  1/128 of a doubling, Schraudolph's bias ``D_BITS``); one PRMT packs two patterns.
+- ``EXP2_HW``: ``ex2.approx.f32(fma(S_j, a_j, -m))`` and ``cvt.rn.bf16x2.f32`` for two values.
 
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
 ``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
 in fp32 on the tensor cores, so O and ``l`` are chained in the wgmma accumulators across key tiles. Keys past
-``kv_lens`` (K8 rows zero) are masked in the last key tile only. The reference is
+``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop. The reference is
 :func:`fsattn_diffusers.emulator.sm90_reference_attention` with the ``int8-bf16`` recipe.
 """
 
@@ -35,6 +40,9 @@ I2F_BITS = gl.constexpr(0x4B400000)
 I2F_MAGIC = gl.constexpr(12582912.0)
 # Stage-A's grid: 2^7 steps per doubling (BF16's mantissa).
 GRID = gl.constexpr(128.0)
+# Stage-A's exponentials (the EXP2 constexpr; kernels.ops_int8.EXP2_MODE maps Recipe.exponential onto them).
+EXP2_SCHRAUDOLPH = gl.constexpr(0)
+EXP2_HW = gl.constexpr(1)
 
 
 @gluon.jit
@@ -63,6 +71,31 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
+def _stage_a(x, a, c, m, EXP2: gl.constexpr):
+    """Stage-A on the scores ``x`` (exact fp32 integers) of one key tile with the row factors ``a`` and constants
+    ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``)
+    are P (module docstring)."""
+    if EXP2 == EXP2_HW:
+        p = gl.exp2(x * a[:, None] - m[:, None])
+    else:
+        p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
+    return p
+
+
+@gluon.jit
+def _p_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EXP2: gl.constexpr):
+    """:func:`_stage_a`'s words as the PV operand: :func:`_bf16_words`, or for ``EXP2_HW`` one
+    ``cvt.rn.bf16x2.f32`` per two values (element ``2 w`` in the low half)."""
+    if EXP2 == EXP2_HW:
+        e0, e1 = gl.split(gl.reshape(gl.convert_layout(f, p_layout), [BM, BN // 2, 2]))
+        w = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [e0, e1], dtype=gl.int32,
+                                      is_pure=True, pack=1)
+    else:
+        w = _bf16_words(f, p_layout, BM, BN)
+    return w
+
+
+@gluon.jit
 def _words_to_bf16(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
     """The inverse of :func:`_bf16_words`' packing: the (BM, BN) BF16 A operand in ``p_layout`` (no instructions)."""
     w2 = gl.convert_layout(gl.reshape(gl.join(w, w), [BM, BN]), p_layout)
@@ -78,7 +111,59 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, row0, pred, BN: 
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
+def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
+              DIAGONAL: gl.constexpr, EXP2: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc,
+              KS_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+              p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
+    """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
+    rollback, P16_j. ``MASK``: the visit's tile may hold keys past ``n_keys`` (checked at run time). Returns the
+    loop-carried state ``(o, lacc, m, m_high, lo, low_before, c, nfired, pw)``."""
+    STAGES: gl.constexpr = k_smem.shape[0]
+    BN: gl.constexpr = k_smem.shape[1]
+    BM: gl.constexpr = WG_ROWS
+    slot = j % STAGES
+    prev = (j - 1) % STAGES
+    pa = _words_to_bf16(pw, p_layout, BM, BN)
+    mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)
+    s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
+    lacc = warpgroup_mma(pa, ones, lacc, is_async=True)  # before the PV GEMM: waited with S_j
+    o = warpgroup_mma(pa, v_smem.index(prev), o, is_async=True)
+    s, lacc = warpgroup_mma_wait(1, deps=(s, lacc))
+    t = _key_tile(j, j0, n_tiles, DIAGONAL)
+    a = qsc * gl.load(KS_row + t)
+    x = _scores_f32(s)
+    if MASK:
+        x = _mask_tail(x, t, n_keys, BN, scol)
+    xmax = gl.max(x, axis=1) * a  # the tile's row peaks in doublings
+    low = xmax < lo
+    fire = (xmax > m + CAP) | (low & low_before)
+    low_before = low
+    anyfire = _warp_any(fire, WG)
+    p = _stage_a(x, a, c, m, EXP2)
+    o, p = warpgroup_mma_wait(0, deps=(o, p))
+    mbarrier.arrive(empty.index(prev))
+    if WG == 1:
+        mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
+        _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL),
+                 bh * SKP, j - 1 + STAGES < n_tiles, BN)
+    if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
+        delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
+        m = m + delta
+        m_high = gl.maximum(m_high, m)
+        lo = _lowering_trigger(m, m_high, FLOOR)
+        c = c - GRID * delta
+        down = gl.exp2(-delta)
+        lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
+        o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
+        nfired += (fire & row_ok).to(gl.int32)
+        gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
+                     (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
+        p = _stage_a(x, a, c, m, EXP2)
+    return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2)
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
               onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh,
               sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
@@ -126,45 +211,23 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _bf16_words(gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC), p_layout, BM, BN)
-        for j in range(1, n_tiles):
-            slot = j % STAGES
-            prev = (j - 1) % STAGES
-            pa = _words_to_bf16(pw, p_layout, BM, BN)
-            mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)
-            s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-            lacc = warpgroup_mma(pa, ones, lacc, is_async=True)  # before the PV GEMM: waited with S_j
-            o = warpgroup_mma(pa, v_smem.index(prev), o, is_async=True)
-            s, lacc = warpgroup_mma_wait(1, deps=(s, lacc))
-            t = _key_tile(j, j0, n_tiles, DIAGONAL)
-            a = qsc * gl.load(KS_row + t)
-            x = _mask_tail(_scores_f32(s), t, n_keys, BN, scol)
-            xmax = gl.max(x, axis=1) * a  # the tile's row peaks in doublings
-            low = xmax < lo
-            fire = (xmax > m + CAP) | (low & low_before)
-            low_before = low
-            anyfire = _warp_any(fire, WG)
-            p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
-            o, p = warpgroup_mma_wait(0, deps=(o, p))
-            mbarrier.arrive(empty.index(prev))
-            if WG == 1:
-                mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-                _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev,
-                         _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), bh * SKP, j - 1 + STAGES < n_tiles, BN)
-            if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
-                delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
-                m = m + delta
-                m_high = gl.maximum(m_high, m)
-                lo = _lowering_trigger(m, m_high, FLOOR)
-                c = c - GRID * delta
-                down = gl.exp2(-delta)
-                lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
-                o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
-                nfired += (fire & row_ok).to(gl.int32)
-                gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
-                             (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
-                p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
-            pw = _bf16_words(p, p_layout, BM, BN)
+        pw = _p_words(_stage_a(x, a, c, m, EXP2), p_layout, BM, BN, EXP2)
+        # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
+        # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
+        n_loop = n_tiles
+        if not DIAGONAL:
+            if n_keys % BN != 0:
+                n_loop = n_tiles - 1
+        for j in range(1, n_loop):
+            o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
+                j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, qs, ones, k_smem,
+                v_smem, kvbar, empty, k_desc, v_desc, KS_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys,
+                n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
+        if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
+            o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
+                n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, qs, ones,
+                k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh,
+                n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
         pa = _words_to_bf16(pw, p_layout, BM, BN)
         lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
@@ -186,12 +249,13 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar, k_smem, v_
         gl.atomic_add(STATS, nrows)
 
 
-@gluon.jit
+@gluon.jit(do_not_specialize=["SK"])  # S_k = 1 as a constant breaks the peeled loop's lowering
 def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, KVL,
                                  sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
-                                 DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0):
+                                 DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0,
+                                 EXP2: gl.constexpr = 0):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 (B*H*SQP, D) int8, block (64, D); QS (B*H*SQP) fp32 its per-row scales.
@@ -199,6 +263,7 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
     v_desc : of V16 (B*H*SKP, D) bf16, block (BN, D), zero rows past the valid keys.
     ones_desc : of an (8, BN) BF16 tensor of ones: the row sum's B operand.
     DIAGONAL, M_OFFSET, CAP, FLOOR : as :func:`kernels.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
+    EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -241,5 +306,5 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
     args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS,
             FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
             M_OFFSET)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL) + args),
-                        (_consumer, (gl.constexpr(1), DIAGONAL) + args)], [4], [REGS])
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2) + args),
+                        (_consumer, (gl.constexpr(1), DIAGONAL, EXP2) + args)], [4], [REGS])

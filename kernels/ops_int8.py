@@ -9,6 +9,7 @@ from typing import Optional, Tuple
 import torch
 
 from fsattn_diffusers.exponent import LOG2E
+from fsattn_diffusers.recipe import Exponential
 from fsattn_diffusers.smoothing import lse_offset
 
 from .ops import _lse_shape, _ones_tile, _out_like, count_rollback_tiles, rollback_tile_words, run_fused, tma_desc
@@ -16,6 +17,9 @@ from .prepass import KEY_TILE
 from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
 from .token_mean import token_mean
 
+#: Stage-A's exponential per Recipe.exponential: the kernel's EXP2 values (EXP2_SCHRAUDOLPH, EXP2_HW of
+#: kernels.fused_attention_gluon_int8, which imports Triton).
+EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
 INT8_STAGES = 3
 INT8_WORKER_REGS = 240
@@ -30,9 +34,10 @@ def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth
 
 
 def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse=None, stats=None, cap=32.0,
-                                 floor=math.inf, diagonal=False, m_offset=0.0, stages=INT8_STAGES,
+                                 floor=math.inf, diagonal=False, m_offset=0.0, exp2=0, stages=INT8_STAGES,
                                  regs=INT8_WORKER_REGS):
-    """Launch the kernel on :func:`prepass_int8`'s operands, writing ``out`` (B, H, S_q, D view, any strides)."""
+    """Launch the kernel on :func:`prepass_int8`'s operands, writing ``out`` (B, H, S_q, D view, any strides);
+    ``exp2``: Stage-A's exponential (:data:`EXP2_MODE`'s values)."""
     from .fused_attention_gluon_int8 import ONES_N, WG_ROWS, fsattn_fwd_gluon_int8_kernel
 
     q8, qs, k8, ks, v16 = ops[:5]
@@ -48,19 +53,20 @@ def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse
         tile_bits if nkw else stats, nkw,
         kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
         D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap), FLOOR=float(floor),
-        STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), num_warps=4)
+        STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), EXP2=int(exp2), num_warps=4)
     count_rollback_tiles(stats, tile_bits)
     return out
 
 
 def launch_args(recipe) -> dict:
-    """The kernel's gate and key-order settings for an INT8 recipe (:func:`attention_int8_from_operands`)."""
+    """The kernel's gate, key-order and exponential settings for an INT8 recipe (:func:`attention_int8_from_operands`)."""
     from .plan import FROZEN_MAX_OFFSET_GRID
 
     return dict(cap=float(recipe.rollback_cap_log2) if recipe.rollback else math.inf,
                 floor=float(recipe.rollback_floor_log2) if recipe.rollback and recipe.rollback_floor_log2 else math.inf,
                 diagonal=recipe.key_order == "diagonal",
-                m_offset=round(recipe.frozen_max_offset_log2 * FROZEN_MAX_OFFSET_GRID) / FROZEN_MAX_OFFSET_GRID)
+                m_offset=round(recipe.frozen_max_offset_log2 * FROZEN_MAX_OFFSET_GRID) / FROZEN_MAX_OFFSET_GRID,
+                exp2=EXP2_MODE[recipe.exponential])
 
 
 def settings_key(recipe) -> str:
@@ -68,14 +74,14 @@ def settings_key(recipe) -> str:
     ``torch.compile`` graph): the rotation's signs, K smoothing and :func:`launch_args`, comma-separated."""
     a = launch_args(recipe)
     return ",".join(str(x) for x in (int(recipe.hadamard_signs), int(recipe.smooth_k), a["cap"], a["floor"],
-                                     int(a["diagonal"]), a["m_offset"]))
+                                     int(a["diagonal"]), a["m_offset"], a["exp2"]))
 
 
 def _settings(key: str):
     """``(signs, smooth_k, launch_args)`` from :func:`settings_key`'s string."""
-    signs, smooth_k, cap, floor, diagonal, m_offset = key.split(",")
+    signs, smooth_k, cap, floor, diagonal, m_offset, exp2 = key.split(",")
     return bool(int(signs)), bool(int(smooth_k)), dict(cap=float(cap), floor=float(floor), diagonal=bool(int(diagonal)),
-                                                       m_offset=float(m_offset))
+                                                       m_offset=float(m_offset), exp2=int(exp2))
 
 
 def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, on_flags=None):

@@ -22,6 +22,7 @@ from typing import Optional
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.formats import DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, SCALE_RULES
+from fsattn_diffusers.numerics import INT8_EXPONENTIALS
 from fsattn_diffusers.recipe import FROZEN_MAX_OFFSET_GRID
 from fsattn_diffusers.smoothing import q_smoothing_ratio2
 
@@ -147,8 +148,9 @@ def _int8_unsupported(recipe) -> Optional[str]:
     if (recipe.p_format, recipe.v_format) != ("bf16", "bf16"):
         return (f"int8 Q/K with p_format {recipe.p_format!r}, v_format {recipe.v_format!r} (the INT8 kernel takes "
                 f"bf16 P and V)")
-    if recipe.exponential != "schraudolph" or recipe.proxy != "u16" or not recipe.frozen_max:
-        return "int8 Q/K needs Schraudolph U16 and the frozen maximum in the INT8 kernel"
+    if recipe.exponential not in INT8_EXPONENTIALS or recipe.proxy != "u16" or not recipe.frozen_max:
+        return (f"int8 Q/K with exponential {recipe.exponential}/{recipe.proxy}, frozen_max {recipe.frozen_max} (the "
+                f"INT8 kernel takes {', '.join(INT8_EXPONENTIALS)} with the U16 proxy and the frozen maximum)")
     if not recipe.hadamard:
         return "int8 Q/K without the rotation (the INT8 kernel always rotates)"
     if recipe.smooth_q:

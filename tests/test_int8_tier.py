@@ -115,3 +115,30 @@ def test_the_hopper_reference_of_the_tier():
         sm90_reference_attention(q, k, v, recipe.replace(smooth_q=True, smooth_q_min_ratio=0.0), scale=0.125)
     print(err.value)
     assert "smooth_q=False" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_the_exact_exponential_of_the_hopper_reference():
+    """``exponential="exact"`` on the INT8 tier (sm90_numerics difference 11): P is BF16(2^(x - m)) with ``x - m``
+    rounded once to fp32; it removes Schraudolph's ramp (about half of the tier's error on normal inputs); the INT8
+    kernel takes it, and refuses Rowmax-H15 in one line."""
+    from fsattn_diffusers.emulator import sm90_reference_attention
+    from fsattn_diffusers.numerics import SM90Int8Numerics
+
+    exact_recipe = PRESETS[TIER].replace(exponential="exact")
+    num = SM90Int8Numerics(exact_recipe.replace(numerics="sm90"))
+    x = torch.tensor([[[0.0, -1.0, -0.5, -20.25, float("-inf"), 3.0]]])
+    m = torch.tensor([[0.0]])
+    p = num.stage_a(x, m)
+    want = torch.tensor([[[1.0, 0.5, 2 ** -0.5, 2 ** -20.25, 0.0, 8.0]]]).to(torch.bfloat16).float()
+    print(p, want)
+    assert torch.equal(p, want)
+    q, k, v = FAMILIES["gaussian"](1, 2, 512, 64, torch.bfloat16, "cpu", 0)
+    ex = exact_attention(q, k, v, 0.125)[0]
+    err_exact = relative_error(sm90_reference_attention(q, k, v, exact_recipe, scale=0.125)[0], ex)
+    err_ramp = relative_error(sm90_reference_attention(q, k, v, PRESETS[TIER], scale=0.125)[0], ex)
+    print(f"gaussian: exact exponential {err_exact:.4f}, Schraudolph {err_ramp:.4f}")
+    assert err_exact < 0.7 * err_ramp
+    assert unsupported_reason(exact_recipe, 64) is None
+    reason = unsupported_reason(PRESETS[TIER].replace(exponential="rowmax_h15"), 128)
+    print(reason)
+    assert reason is not None and "rowmax_h15" in reason and "exact" in reason and "\n" not in reason

@@ -31,6 +31,10 @@ def test_the_key_count_is_never_a_compile_time_constant():
         pytest.skip("Triton's interpreter: no specialization")
     assert params["SK"].do_not_specialize
     assert not params["SQP"].do_not_specialize  # the rest keep Triton's specialization
+    from fsattn_diffusers.kernels.fused_attention_gluon_int8 import fsattn_fwd_gluon_int8_kernel
+
+    params = {p.name: p for p in fsattn_fwd_gluon_int8_kernel.params}
+    assert params["SK"].do_not_specialize and not params["SQP"].do_not_specialize
 
 
 @pytest.mark.parametrize("switched,plain", [("gluon_pingpong_smooth_q_sel_off", "gluon_pingpong"),

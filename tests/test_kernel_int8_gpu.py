@@ -111,3 +111,19 @@ def test_the_int8_tier_is_more_accurate_than_mxfp8_on_structured_inputs():
         ei = relative_error(fa.attention(q, k, v, INT8_BF16, layout="bhsd"), exact)
         print(f"{family}: int8-bf16 {ei:.4f}, mxfp8 {e8:.4f}")
         assert ei < 0.6 * e8
+
+
+@pytest.mark.parametrize("exponential", ["schraudolph", "exact"])
+@pytest.mark.parametrize("case", ["gaussian", "sharp", "clustered", "attention_sink", "spiky", "kv_lens"])
+def test_each_stage_a_exponential_matches_its_reference(exponential, case):
+    recipe = RECIPE.replace(exponential=exponential)
+    kv_lens = None
+    if case == "spiky":
+        q, k, v = _spiky()
+    elif case == "kv_lens":
+        q, k, v = make(2, 2, 130, 300, 128, "bhsd", seed=3)
+        kv_lens = torch.tensor([129, 300], device="cuda")
+        k[0, :, 129:] = float("nan")
+    else:
+        q, k, v = FAMILIES[case](1, 3, 1000, 128, torch.bfloat16, "cuda", 0)
+    _check(q, k, v, kv_lens=kv_lens, label=f"{exponential} {case}", recipe=recipe)

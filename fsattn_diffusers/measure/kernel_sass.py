@@ -114,8 +114,8 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
     return triton.compile(src, target=TARGET, options={"num_warps": 4})
 
 
-def compile_gluon_int8(d=128, stages=None, **const):
-    """The INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) with the int8-bf16 preset's settings."""
+def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
+    """The INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) with ``recipe``'s settings."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
@@ -130,9 +130,8 @@ def compile_gluon_int8(d=128, stages=None, **const):
                  v_desc=desc(bn, d, gl.bfloat16, "bf16"), ones_desc=desc(8, bn, gl.bfloat16, "bf16"),
                  QS="*fp32", KS="*fp32")
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES,
-             REGS=ops_int8.INT8_WORKER_REGS, **ops_int8.launch_args(get_recipe("int8-bf16")))
-    c = {k.upper() if k in ("cap", "floor", "diagonal") else ("M_OFFSET" if k == "m_offset" else k): v
-         for k, v in dict(c, **const).items()}
+             REGS=ops_int8.INT8_WORKER_REGS, **ops_int8.launch_args(get_recipe(recipe)))
+    c = {k.upper(): v for k, v in dict(c, **const).items()}  # launch_args' names are the constexprs' in lower case
     sig, constexprs, attrs = _signature(k8.fsattn_fwd_gluon_int8_kernel, types, c)
     src = GluonASTSource(fn=k8.fsattn_fwd_gluon_int8_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": 4})
@@ -160,6 +159,7 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8_smooth_q": (compile_triton, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", HAS_BIAS=True)),
     "gluon_int8": (compile_gluon_int8, {}),
     "gluon_int8_d64_lse_kvl": (compile_gluon_int8, dict(d=64, WRITE_LSE=True, HAS_KVL=True)),
+    "gluon_int8_exact": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact")),
 }
 
 
