@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import re
 import sys
@@ -55,8 +56,12 @@ def _x(v: Optional[float]) -> str:
 
 # ------------------------------------------------------------------------------------------------------ kernel speed
 
+#: The recipes of the speed table, in its order.
+SPEED_RECIPES = ("mxfp8", "mxfp6", "mxfp4", "int8-bf16", "int8-bf16+exponential=exact")
+
+
 def speed(root: str = ROOT) -> List[str]:
-    """Per shape: the baselines and the default presets' whole call, from bench_h200.json."""
+    """Per shape: the baselines and our recipes' whole call, from bench_h200.json; ratios are baseline time / ours."""
     name = "bench_h200.json"
     doc = load(name, root)
     by_shape: Dict[tuple, Dict[str, Dict]] = {}
@@ -64,20 +69,27 @@ def speed(root: str = ROOT) -> List[str]:
         by_shape.setdefault(tuple(r["shape"][:3] + r["shape"][4:]), {})[r["method"]] = r
     rows = []
     for shape, m in by_shape.items():
-        fp8 = m.get("fa3-fp8", {})
-        for rec in ("mxfp8", "mxfp6", "mxfp4"):
+        fp8, sage = m.get("fa3-fp8", {}), m.get("sageattention", {})
+        for rec in SPEED_RECIPES:
             r = m.get(rec)
             if r is None:
                 continue
             rows.append([SHAPE_NAMES.get(shape, str(shape)), f"**{rec}**", f"{r['ms']:.2f}",
                          f"{m['sdpa-cudnn']['ms']:.2f}", f"{m['fa3-bf16']['ms']:.2f}",
                          f"{fp8['ms']:.2f} ({fp8['kernel_ms']:.2f})" if fp8 else "-",
+                         f"{sage['ms']:.2f}" if sage else "-",
                          " / ".join(_x(r.get(k)) for k in ("speedup_vs_cudnn", "speedup_vs_best_bf16",
-                                                            "speedup_vs_fa3_fp8", "speedup_vs_fa3_fp8_kernel")),
-                         f"{r['cos']:.5f}"])
+                                                            "speedup_vs_fa3_fp8", "speedup_vs_fa3_fp8_kernel",
+                                                            "speedup_vs_sage")),
+                         f"{r['rel_err'] * 100:.2f}"])
     header = ["shape (B, H, S, D)", "recipe", "ms", "SDPA cuDNN ms", "FA3 bf16 ms", "FA3 FP8 ms (kernel alone)",
-              "vs cuDNN / FA3 bf16 / FA3 FP8 / FA3 FP8 kernel", "cos vs exact"]
-    return _table(header, rows) + _provenance([_source(name, doc)])
+              "SageAttention 2 ms", "vs cuDNN / FA3 bf16 / FA3 FP8 / FA3 FP8 kernel / SageAttention 2",
+              "error % (normal inputs)"]
+    errs = {k: m[k]["rel_err"] * 100 for m in list(by_shape.values())[:1] for k in ("fa3-bf16", "fa3-fp8", "sageattention")
+            if k in m}
+    note = ("Error % of the baselines on the same inputs: " + ", ".join(f"{k} {v:.2f}" for k, v in errs.items()) + ".") \
+        if errs else ""
+    return _table(header, rows) + ([note] if note else []) + _provenance([_source(name, doc)])
 
 
 # ---------------------------------------------------------------------------------------------------------- accuracy
@@ -97,8 +109,8 @@ def table4(root: str = ROOT) -> List[str]:
 STRUCTURED_COLUMNS = ("fa3-fp8", "mxfp8", "conventional-mxfp8", "mxfp6", "mxfp4")
 
 
-def structured(root: str = ROOT, dtype: str = "bfloat16", head_dim: int = 128) -> List[str]:
-    name = "structured_accuracy_h200.json"
+def structured(root: str = ROOT, dtype: str = "bfloat16", head_dim: int = 128,
+               name: str = "structured_accuracy_h200.json") -> List[str]:
     doc = load(name, root)
     cols = [c for c in STRUCTURED_COLUMNS if c in doc["result"]["columns"]]
     rows = []
@@ -109,6 +121,36 @@ def structured(root: str = ROOT, dtype: str = "bfloat16", head_dim: int = 128) -
                                         is not None else "-" for c in cols])
     seeds = _meta(doc).get("seeds")
     header = [f"family ({dtype.replace('float', 'f')}, D={head_dim}), error % (mean of {seeds} seeds)"] + cols
+    return _table(header, rows) + _provenance([_source(name, doc)])
+
+
+#: The accurate tier's recipes, compared cell by cell with SageAttention 2 (the ``sage`` column).
+TIER_RECIPES = ("int8-bf16", "int8-bf16+exponential=exact")
+
+
+def accurate_tier(root: str = ROOT) -> List[str]:
+    """The INT8 tier against SageAttention 2 over every cell (family x dtype x head dim) of
+    structured_accuracy_int8_h200.json: geometric mean and range of the error ratio, gaussian, cells above it."""
+    name = "structured_accuracy_int8_h200.json"
+    doc = load(name, root)
+    cases = doc["result"]["cases"]
+    rows = []
+    for rec in TIER_RECIPES:
+        ratios, above = [], []
+        for c in cases:
+            ours, sage = c["columns"][rec]["err"], c["columns"]["sage"]["err"]
+            ratios.append(ours / sage)
+            if ours > sage:
+                above.append(f"{c['family']} {c['dtype'].replace('float', 'f')} D{c['head_dim']}")
+        gauss = [c["columns"][rec]["err"] * 100 for c in cases if c["family"] == "gaussian"]
+        gauss_sage = [c["columns"]["sage"]["err"] * 100 for c in cases if c["family"] == "gaussian"]
+        geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        rows.append([f"**{rec}**", f"{geo:.3f}x", f"{min(ratios):.2f}x - {max(ratios):.2f}x",
+                     f"{min(gauss):.2f} - {max(gauss):.2f} (SageAttention 2: {min(gauss_sage):.2f} - {max(gauss_sage):.2f})",
+                     f"{len(above)} of {len(ratios)}" + (f": {', '.join(above)}" if above else "")])
+    seeds = _meta(doc).get("seeds")
+    header = ["recipe", "error / SageAttention 2's, geometric mean", "range over the cells", "gaussian error %",
+              f"cells above SageAttention 2 ({seeds} seeds each)"]
     return _table(header, rows) + _provenance([_source(name, doc)])
 
 
@@ -171,7 +213,8 @@ def two_gpus(root: str = ROOT) -> List[str]:
 
 
 #: README marker name -> renderer.
-TABLES: Dict[str, Callable[..., List[str]]] = {"speed": speed, "table4": table4, "structured": structured, "end_to_end": end_to_end,
+TABLES: Dict[str, Callable[..., List[str]]] = {"speed": speed, "table4": table4, "structured": structured,
+                                               "accurate_tier": accurate_tier, "end_to_end": end_to_end,
                                               "hybrid": hybrid, "two_gpus": two_gpus}
 
 
