@@ -152,17 +152,15 @@ class SM90Int8Numerics(MI355XNumerics):
 
     def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
         """INT8 codes with each row's scale appended as a last column: Q (B, H, S_q, D + 1), K (B, H, S_k, D + 1)
-        (one scale per key tile; keys past ``valid`` zero before it is taken); V in BF16."""
-        if bias is not None:
-            raise ValueError("numerics='sm90' with int8 Q/K: Q smoothing's key term is not part of the INT8 kernel; "
-                             "accepted: smooth_q=False")
+        (one scale per key tile; keys past ``valid`` zero before it is taken); V in BF16. Q smoothing's key term
+        ``bias`` passes through: the loop adds it to the fp32 scores (difference 12)."""
         vmask = None if valid is None else valid[:, None, :, None]
         if vmask is not None:
             k = torch.where(vmask, k, torch.zeros_like(k))
         qc, qs = int8_rows(prequantize_qk(q, self.recipe, scale * LOG2E), 1)
         kc, ks = int8_rows(prequantize_qk(k, self.recipe, 1.0), self.tile_n)
         return (torch.cat([qc, qs], dim=-1), torch.cat([kc, ks], dim=-1), prepare_v(v, self.recipe, vmask), 1.0,
-                None, None)
+                bias, None)
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """``float32(S * float32(s_q s_k))`` with ``S`` the integer dot products (exact in float32: below 2^22)."""

@@ -19,7 +19,8 @@ Stage-A (``EXP2``; sm90_numerics differences 10, 11):
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
 ``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
 in fp32 on the tensor cores, so O and ``l`` are chained in the wgmma accumulators across key tiles. Keys past
-``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop. The reference is
+``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the
+loop. The reference is
 :func:`fsattn_diffusers.emulator.sm90_reference_attention` with the ``int8-bf16`` recipe.
 """
 
@@ -71,6 +72,14 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
+def _with_key_term(x, a, BIAS_row, t, BN: gl.constexpr, scol: gl.constexpr):
+    """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of key tile
+    ``t`` (one rounding; masked keys stay -inf)."""
+    b = gl.load(BIAS_row + t * BN + gl.arange(0, BN, layout=scol))
+    return x * a[:, None] + b[None, :]
+
+
+@gluon.jit
 def _stage_a(x, a, c, m, EXP2: gl.constexpr):
     """Stage-A on the scores ``x`` (exact fp32 integers) of one key tile with the row factors ``a`` and constants
     ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``)
@@ -112,9 +121,10 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, row0, pred, BN: 
 
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
-              DIAGONAL: gl.constexpr, EXP2: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc,
-              KS_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
-              p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
+              DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, qs, ones, k_smem, v_smem, kvbar,
+              empty, k_desc, v_desc, KS_row, BIAS_row, one_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh,
+              n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout: gl.constexpr, scol: gl.constexpr,
+              orow: gl.constexpr, lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
     rollback, P16_j. ``MASK``: the visit's tile may hold keys past ``n_keys`` (checked at run time). Returns the
     loop-carried state ``(o, lacc, m, m_high, lo, low_before, c, nfired, pw)``."""
@@ -134,6 +144,9 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
     x = _scores_f32(s)
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
+    if HAS_BIAS:  # scores in doublings with Q smoothing's key term; Stage-A then scales by 1
+        x = _with_key_term(x, a, BIAS_row, t, BN, scol)
+        a = one_row
     xmax = gl.max(x, axis=1) * a  # the tile's row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
@@ -163,9 +176,9 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
-              onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh,
-              sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
+def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar,
+              k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT, LSE, STATS, FLAGS,
+              NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
     (``kernels.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores and BF16 P/V)."""
     STAGES: gl.constexpr = k_smem.shape[0]
@@ -187,11 +200,13 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_sm
     qs = q_smem.index(WG)
     ones = ones_smem.permute((1, 0))
     KS_row = KS + bh * (SKP // BN)
+    BIAS_row = BIAS + bh.to(gl.int64) * SKP
     row0 = pid_m * 128 + WG * BM
     rows = row0 + gl.arange(0, BM, layout=srow)
     row_ok = rows < SQ
     qsc = gl.load(QS + bh * SQP + rows)  # Q's scale per row (alpha log2 e folded in)
     zero_s = gl.zeros([BM, BN], gl.int32, s_layout)
+    one_row = gl.full([BM], 1.0, gl.float32, srow)
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
     lacc = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # P16 @ ones: every column the row sum
@@ -206,6 +221,9 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_sm
         s = warpgroup_mma_wait(0, deps=(s,))
         a = qsc * gl.load(KS_row + j0)
         x = _mask_tail(_scores_f32(s), j0, n_keys, BN, scol)
+        if HAS_BIAS:
+            x = _with_key_term(x, a, BIAS_row, j0, BN, scol)
+            a = one_row
         m = gl.ceil(gl.max(x, axis=1) * a * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
@@ -220,14 +238,14 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_sm
                 n_loop = n_tiles - 1
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
-                j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, qs, ones, k_smem,
-                v_smem, kvbar, empty, k_desc, v_desc, KS_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys,
-                n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
+                j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, qs, ones,
+                k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS_row, one_row, qsc, zero_s, rows, row_ok,
+                FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
-                n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, qs, ones,
-                k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh,
-                n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
+                n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS, qs,
+                ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS_row, one_row, qsc, zero_s, rows,
+                row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
         pa = _words_to_bf16(pw, p_layout, BM, BN)
         lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
@@ -250,12 +268,12 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, q_sm
 
 
 @gluon.jit(do_not_specialize=["SK"])  # S_k = 1 as a constant breaks the peeled loop's lowering
-def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT, LSE, STATS, FLAGS, NKW, KVL,
+def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, OUT, LSE, STATS, FLAGS, NKW, KVL,
                                  sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
                                  DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0,
-                                 EXP2: gl.constexpr = 0):
+                                 EXP2: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 (B*H*SQP, D) int8, block (64, D); QS (B*H*SQP) fp32 its per-row scales.
@@ -264,6 +282,8 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
     ones_desc : of an (8, BN) BF16 tensor of ones: the row sum's B operand.
     DIAGONAL, M_OFFSET, CAP, FLOOR : as :func:`kernels.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
+    BIAS, HAS_BIAS : Q smoothing's per-key term (B*H*SKP) fp32 in doublings, added to the scores as
+        ``fma(S_j, a_j, b_j)`` before the gate and Stage-A (sm90_numerics difference 12).
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -303,8 +323,8 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, OUT,
         _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
                  i < n_tiles, BN)
 
-    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, OUT, LSE, STATS,
-            FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
+    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT, LSE,
+            STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
             M_OFFSET)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2) + args),
-                        (_consumer, (gl.constexpr(1), DIAGONAL, EXP2) + args)], [4], [REGS])
+    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS) + args),
+                        (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS) + args)], [4], [REGS])

@@ -153,8 +153,6 @@ def _int8_unsupported(recipe) -> Optional[str]:
                 f"INT8 kernel takes {', '.join(INT8_EXPONENTIALS)} with the U16 proxy and the frozen maximum)")
     if not recipe.hadamard:
         return "int8 Q/K without the rotation (the INT8 kernel always rotates)"
-    if recipe.smooth_q:
-        return "int8 Q/K with smooth_q (the INT8 kernel has no Q-smoothing term)"
     if recipe.tile_n != 128:
         return f"tile_n {recipe.tile_n} (the kernel's key tile is 128)"
     return None

@@ -38,11 +38,13 @@ WARPS = 8
 
 
 @triton.jit
-def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, H, S, SP, rsqrt_d, mult,
-                    D: tl.constexpr, BS: tl.constexpr, PER_ROW: tl.constexpr, HAS_MEAN: tl.constexpr,
+def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, QMEAN, BIAS, bias_mult, H, S, SP, rsqrt_d,
+                    mult, D: tl.constexpr, BS: tl.constexpr, PER_ROW: tl.constexpr, HAS_MEAN: tl.constexpr,
                     HAS_KVL: tl.constexpr, DOT_F32: tl.constexpr, HW_CVT: tl.constexpr,
-                    HAS_FLAGS: tl.constexpr = False):
-    """Program (row tile, batch x head): ``BS`` rows to INT8 codes in OUT and their scale(s) in SC."""
+                    HAS_FLAGS: tl.constexpr = False, HAS_BIAS: tl.constexpr = False):
+    """Program (row tile, batch x head): ``BS`` rows to INT8 codes in OUT and their scale(s) in SC; ``HAS_BIAS`` (K):
+    also Q smoothing's per-key term ``bias_mult * (QMEAN . k)`` of the smoothed rows into BIAS (B, H, SP), 0 on padded
+    rows (smoothing.key_bias, fp32 sums in the kernel's order)."""
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     x, rows, n = load_slice_rows(X, sxb, sxh, sxs, sxd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
@@ -56,6 +58,9 @@ def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, H, S, 
     if HAS_MEAN:  # smoothing.subtract_mean on the valid rows, rounded to BF16 again
         mu = tl.load(MEAN + bh * D + cols)
         x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
+    if HAS_BIAS:
+        qm = tl.load(QMEAN + bh * D + cols)
+        tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
     y = rotate_scaled(x, tl.load(HM + cols[:, None] * D + cols[None, :]), rsqrt_d, mult, DOT_F32, False, HW_CVT)
     if PER_ROW:
         amax = tl.max(tl.abs(y), axis=1)
@@ -90,7 +95,7 @@ def _v_bf16_kernel(V, svb, svh, svs, svd, KVL, OUT, FLAGS, H, S, SP, D: tl.const
 
 
 def prepare_qk_int8(x: torch.Tensor, multiplier: float, per_row: bool, signs: bool, kv_lens=None, mean=None,
-                    flags=None):
+                    flags=None, q_mean=None, bias_mult: float = 1.0):
     """Q (``per_row=True``, one scale per row) or K (one scale per 128 keys) as INT8 codes and fp32 scales.
 
     Parameters
@@ -104,24 +109,30 @@ def prepare_qk_int8(x: torch.Tensor, multiplier: float, per_row: bool, signs: bo
     mean : Tensor (B, H, 1, D) float32, optional: subtracted from every valid row (``Recipe.smooth_k``).
     flags : (B * H,) int32, optional: set to 1 for the slices whose input (rows before ``kv_lens``) holds a NaN or an
         inf (never cleared).
+    q_mean : Tensor (B, H, 1, D) float32, optional (K): Q smoothing's mean (0 on the slices its switch leaves out);
+        then the per-key term ``bias_mult * (q_mean . k)`` of the smoothed keys is a third output.
 
     Returns
     -------
     codes : Tensor (B, H, SP, D) int8, SP = S rounded up to 128, padded rows zero.
     scales : Tensor (B, H, SP) (per row) or (B, H, SP / 128) float32.
+    bias : Tensor (B, H, SP) float32 (with ``q_mean``; padded keys 0), else None.
     """
     b, h, s, d = x.shape
     sp = padded(s, ROWS)
     out = torch.empty((b, h, sp, d), dtype=torch.int8, device=x.device)
     scales = torch.empty((b, h, sp if per_row else sp // ROWS), dtype=torch.float32, device=x.device)
     hm = _hadamard_pm1(d, "bfloat16", str(x.device), signs)
+    bias = torch.empty((b, h, sp), dtype=torch.float32, device=x.device) if q_mean is not None else None
     _int8_qk_kernel[(sp // ROWS, b * h)](
         x, *x.stride(), out, scales, hm, mean.reshape(b * h, d).contiguous() if mean is not None else scales,
-        kv_lens if kv_lens is not None else scales, flags if flags is not None else scales, h, s, sp,
+        kv_lens if kv_lens is not None else scales, flags if flags is not None else scales,
+        q_mean.reshape(b * h, d).contiguous() if q_mean is not None else scales,
+        bias if bias is not None else scales, float(bias_mult), h, s, sp,
         1.0 / math.sqrt(d), float(multiplier), D=d, BS=ROWS, PER_ROW=per_row, HAS_MEAN=mean is not None,
         HAS_KVL=kv_lens is not None, DOT_F32=INTERPRET, HW_CVT=not INTERPRET, HAS_FLAGS=flags is not None,
-        num_warps=WARPS)
-    return out, scales
+        HAS_BIAS=q_mean is not None, num_warps=WARPS)
+    return out, scales, bias
 
 
 def prepare_v_bf16(v: torch.Tensor, kv_lens=None, flags=None) -> torch.Tensor:

@@ -35,7 +35,7 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_no
         from ..kernels.ops_int8 import fused_attention_int8
 
         return fused_attention_int8(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
-                                    return_stats=return_stats, detect_nonfinite=detect_nonfinite)
+                                    return_stats=return_stats, detect_nonfinite=detect_nonfinite, q_lens=q_lens)
     from ..kernels.ops import fused_attention  # imports triton: only where the kernel runs
     from ..kernels.plan import plan_for
 

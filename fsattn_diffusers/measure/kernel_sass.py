@@ -128,7 +128,7 @@ def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
     bn = ops.BLOCK_N
     types = dict(TYPES, q_desc=desc(k8.WG_ROWS.value, d, gl.int8, "i8"), k_desc=desc(bn, d, gl.int8, "i8"),
                  v_desc=desc(bn, d, gl.bfloat16, "bf16"), ones_desc=desc(8, bn, gl.bfloat16, "bf16"),
-                 QS="*fp32", KS="*fp32")
+                 QS="*fp32", KS="*fp32", BIAS="*fp32")
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES,
              REGS=ops_int8.INT8_WORKER_REGS, **ops_int8.launch_args(get_recipe(recipe)))
     c = {k.upper(): v for k, v in dict(c, **const).items()}  # launch_args' names are the constexprs' in lower case
@@ -160,6 +160,8 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_int8": (compile_gluon_int8, {}),
     "gluon_int8_d64_lse_kvl": (compile_gluon_int8, dict(d=64, WRITE_LSE=True, HAS_KVL=True)),
     "gluon_int8_exact": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact")),
+    "gluon_int8_smooth_q": (compile_gluon_int8, dict(HAS_BIAS=True)),
+    "gluon_int8_exact_smooth_q": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact", HAS_BIAS=True)),
 }
 
 
