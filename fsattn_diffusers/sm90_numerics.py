@@ -65,6 +65,11 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    pattern: ``X - m`` one fp32 rounding, ``2^y`` the hardware's ``ex2.approx.f32`` (within 2 ulp of fp32, so P's
    round-to-nearest BF16 can differ from the reference's by one ulp near a tie); no ``eps'``.
 
+12. **Q smoothing on the INT8 tier (``smooth_q``).** The pre-pass subtracts Q's mean (per-slice switch as for the MX
+   tiers) and writes the key term ``b_j`` (fp32, ``smoothing.key_bias`` summed in the pre-pass's order); the kernel
+   forms the scores in doublings as ``fma(S, float32(s_q s_k), b_j)`` (one rounding) before the gate and Stage-A,
+   where the reference adds ``b_j`` to ``float32(S * float32(s_q s_k))`` (two roundings; the same where ``b_j = 0``).
+
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
 chained onto O every later tile's products would be cut at O's magnitude: on sharp, patch-like rows 10.5% of the output

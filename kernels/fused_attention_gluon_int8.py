@@ -72,11 +72,27 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _with_key_term(x, a, BIAS_row, t, BN: gl.constexpr, scol: gl.constexpr):
+def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr):
     """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of key tile
     ``t`` (one rounding; masked keys stay -inf)."""
-    b = gl.load(BIAS_row + t * BN + gl.arange(0, BN, layout=scol))
+    b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=scol))
     return x * a[:, None] + b[None, :]
+
+
+@gluon.jit
+def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr):
+    """``(xmax, p)``: the tile's row peaks in doublings and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in
+    doublings (with the key term), so ``a`` is not applied."""
+    if SCALED:
+        xmax = gl.max(x, axis=1)
+        if EXP2 == EXP2_HW:
+            p = gl.exp2(x - m[:, None])
+        else:
+            p = gl.maximum(x * GRID + c[:, None], MAGIC)
+    else:
+        xmax = gl.max(x, axis=1) * a
+        p = _stage_a(x, a, c, m, EXP2)
+    return xmax, p
 
 
 @gluon.jit
@@ -122,7 +138,7 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, row0, pred, BN: 
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
               DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, qs, ones, k_smem, v_smem, kvbar,
-              empty, k_desc, v_desc, KS_row, BIAS_row, one_row, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh,
+              empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh,
               n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout: gl.constexpr, scol: gl.constexpr,
               orow: gl.constexpr, lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
@@ -144,15 +160,13 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
     x = _scores_f32(s)
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
-    if HAS_BIAS:  # scores in doublings with Q smoothing's key term; Stage-A then scales by 1
-        x = _with_key_term(x, a, BIAS_row, t, BN, scol)
-        a = one_row
-    xmax = gl.max(x, axis=1) * a  # the tile's row peaks in doublings
+    if HAS_BIAS:  # scores in doublings with Q smoothing's key term
+        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol)
+    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)  # xmax: the tile's row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
     low_before = low
     anyfire = _warp_any(fire, WG)
-    p = _stage_a(x, a, c, m, EXP2)
     o, p = warpgroup_mma_wait(0, deps=(o, p))
     mbarrier.arrive(empty.index(prev))
     if WG == 1:
@@ -171,7 +185,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         nfired += (fire & row_ok).to(gl.int32)
         gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
                      (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
-        p = _stage_a(x, a, c, m, EXP2)
+        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)[1]
     return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2)
 
 
@@ -200,13 +214,11 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
     qs = q_smem.index(WG)
     ones = ones_smem.permute((1, 0))
     KS_row = KS + bh * (SKP // BN)
-    BIAS_row = BIAS + bh.to(gl.int64) * SKP
     row0 = pid_m * 128 + WG * BM
     rows = row0 + gl.arange(0, BM, layout=srow)
     row_ok = rows < SQ
     qsc = gl.load(QS + bh * SQP + rows)  # Q's scale per row (alpha log2 e folded in)
     zero_s = gl.zeros([BM, BN], gl.int32, s_layout)
-    one_row = gl.full([BM], 1.0, gl.float32, srow)
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
     lacc = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # P16 @ ones: every column the row sum
@@ -222,14 +234,16 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         a = qsc * gl.load(KS_row + j0)
         x = _mask_tail(_scores_f32(s), j0, n_keys, BN, scol)
         if HAS_BIAS:
-            x = _with_key_term(x, a, BIAS_row, j0, BN, scol)
-            a = one_row
-        m = gl.ceil(gl.max(x, axis=1) * a * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
+            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
+            m = gl.max(x, axis=1)
+        else:
+            m = gl.max(x, axis=1) * a
+        m = gl.ceil(m * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_stage_a(x, a, c, m, EXP2), p_layout, BM, BN, EXP2)
+        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)[1], p_layout, BM, BN, EXP2)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
         n_loop = n_tiles
@@ -239,12 +253,12 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, qs, ones,
-                k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS_row, one_row, qsc, zero_s, rows, row_ok,
+                k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, rows, row_ok,
                 FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS, qs,
-                ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS_row, one_row, qsc, zero_s, rows,
+                ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, rows,
                 row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
         pa = _words_to_bf16(pw, p_layout, BM, BN)

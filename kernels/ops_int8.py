@@ -89,7 +89,7 @@ def settings_key(recipe) -> str:
                                      int(a["diagonal"]), a["m_offset"], a["exp2"]))
 
 
-def _settings(key: str):
+def parse_settings_key(key: str):
     """``(signs, smooth_k, smooth_q_ratio2 or None, launch_args)`` from :func:`settings_key`'s string."""
     signs, smooth_k, ratio2, cap, floor, diagonal, m_offset, exp2 = key.split(",")
     return (bool(int(signs)), bool(int(smooth_k)), None if float(ratio2) < 0 else float(ratio2),
@@ -100,7 +100,7 @@ def _settings(key: str):
 def _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, on_flags=None, q_lens=None):
     """:func:`fused_attention_int8_op`'s work; with ``on_flags`` (eager calls) the pre-pass also writes the non-finite
     flags, (B * H,) int32, and ``on_flags(flags)`` runs before the attention kernel's launch."""
-    signs, smooth_k, ratio2, cfg = _settings(key)
+    signs, smooth_k, ratio2, cfg = parse_settings_key(key)
     b, h, s_q, _ = q.shape
     out = _out_like(q, out_bshd)
     lse = torch.empty(_lse_shape(q, return_lse), dtype=torch.float32, device=q.device)

@@ -39,11 +39,12 @@ pytestmark = pytest.mark.gpu
 #: exponential) and Q smoothing on every slice (its key term, a wgmma the score GEMM is chained on in gluon_pingpong:
 #: with fp8_row P and the lowering gate, and with MXFP6 P).
 #: The INT8 Q/K preset runs its own kernel (kernels/fused_attention_gluon_int8.py, every variant; Gluon has no
-#: interpreter, so not on the CPU).
+#: interpreter, so not on the CPU), also with the hardware exponential and with Q smoothing.
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
                 and (r.qk_format != "int8" or not CPU_INTERPRET)
                 ) + ("mxfp8+exponential=rowmax_h15", "mxfp8+smooth_q+smooth_q_min_ratio=0",
-                     "mxfp6+smooth_q+smooth_q_min_ratio=0")
+                     "mxfp6+smooth_q+smooth_q_min_ratio=0") + (
+    () if CPU_INTERPRET else ("int8-bf16+exponential=exact", "int8-bf16+smooth_q=true"))
 INT8_KERNEL = "gluon_int8"
 FUZZ_VARIANTS = VARIANTS + ("api",)
 

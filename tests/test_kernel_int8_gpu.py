@@ -127,3 +127,19 @@ def test_each_stage_a_exponential_matches_its_reference(exponential, case):
     else:
         q, k, v = FAMILIES[case](1, 3, 1000, 128, torch.bfloat16, "cuda", 0)
     _check(q, k, v, kv_lens=kv_lens, label=f"{exponential} {case}", recipe=recipe)
+
+
+@pytest.mark.parametrize("exponential", ["schraudolph", "exact"])
+@pytest.mark.parametrize("case", ["offset_direction_qk", "offset_uniform_q", "gaussian", "kv_lens"])
+def test_q_smoothing_matches_its_reference(exponential, case):
+    """``smooth_q`` (sm90_numerics difference 12): the key term in the kernel's scores, the switch's slices."""
+    recipe = RECIPE.replace(exponential=exponential, smooth_q=True)
+    kv_lens = None
+    if case == "kv_lens":
+        q, k, v = make(2, 2, 130, 300, 128, "bhsd", seed=3)
+        q[:, 1] += 3.0
+        kv_lens = torch.tensor([129, 300], device="cuda")
+        k[0, :, 129:] = float("nan")
+    else:
+        q, k, v = FAMILIES[case](1, 3, 1000, 128, torch.bfloat16, "cuda", 0)
+    _check(q, k, v, kv_lens=kv_lens, label=f"smooth_q {exponential} {case}", recipe=recipe)

@@ -31,7 +31,7 @@ def test_codes_and_scales_are_the_references(b, h, s, d, kv_lens, dtype):
     k[..., 5] += 4.0  # a shared offset for K smoothing to remove
     before = [t.clone() for t in (q, k, v)]
     kvl = torch.tensor(kv_lens, dtype=torch.int32, device=DEV) if kv_lens else None
-    q8, qs, k8, ks, v16, _ = prepass_int8(q, k, v, d ** -0.5, kvl)
+    q8, qs, k8, ks, v16, _, _ = prepass_int8(q, k, v, d ** -0.5, kvl)
     valid = valid_prefix(kvl, s, q.device)
     qi, ki, _, _ = smooth_inputs(q, k, RECIPE, d ** -0.5, valid, None)
     qo, ko, vo, *_ = numerics_for(RECIPE).operands(qi, ki, v, d ** -0.5, valid)
@@ -61,3 +61,30 @@ def test_the_pre_pass_flags_the_slices_with_non_finite_inputs():
     got = flags.view(b, h).cpu().tolist()
     print(got)
     assert got == [[0, 1, 1], [0, 0, 1]]
+
+
+@pytest.mark.parametrize("min_ratio", [1.0, 0.0], ids=["switch", "every-slice"])
+def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
+    """Q smoothing (``smooth_q``): Q's codes and scales bit for bit, the key term within fp32 summation order."""
+    from fsattn_diffusers.smoothing import q_smoothing_ratio2
+
+    b, h, s, d = 1, 3, 200, 64
+    g = torch.Generator().manual_seed(21)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).to(torch.bfloat16).to(DEV) for _ in range(3))
+    q[:, 1] += 3.0  # one slice with a shared query offset: the switch at 1 takes only this one
+    k[..., 5] += 4.0
+    kvl = torch.tensor([170], dtype=torch.int32, device=DEV)
+    recipe = RECIPE.replace(smooth_q=True, smooth_q_min_ratio=min_ratio)
+    q8, qs, k8, ks, v16, _, bias = prepass_int8(q, k, v, d ** -0.5, kvl, smooth_q_ratio2=q_smoothing_ratio2(min_ratio))
+    valid = valid_prefix(kvl, s, q.device)
+    qi, ki, ref_bias, _ = smooth_inputs(q, k, recipe, d ** -0.5, valid, None)
+    qo, ko, *_ = numerics_for(recipe).operands(qi, ki, v, d ** -0.5, valid, ref_bias)
+    diffs = [int((q8[:, :, :s].float() != qo[..., :-1]).sum()), int((qs[:, :, :s] != qo[..., -1]).sum()),
+             int((k8[:, :, :s].float() != ko[..., :-1]).sum())]
+    rel = float((bias[:, :, :170] - ref_bias[:, :, :170]).abs().max() / ref_bias.abs().max().clamp_min(1e-30))
+    print(f"min_ratio {min_ratio}: differing Q codes, Q scales, K codes {diffs}; key term max rel. diff {rel:.2e}; "
+          f"per-slice max |term| {[round(float(x), 3) for x in ref_bias.abs().amax(dim=(0, 2))]}")
+    assert diffs == [0, 0, 0]
+    assert rel < 1e-5 and bool((bias[:, :, 170:] == 0).all())
+    if min_ratio > 0:  # the slices without a shared offset keep Q as it is and no term
+        assert bool((bias[:, [0, 2]] == 0).all()) and bool((bias[:, 1, :170] != 0).any())

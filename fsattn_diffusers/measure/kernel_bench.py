@@ -285,7 +285,8 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel and its own pre-pass
             from ..kernels import ops_int8
 
-            pre = (lambda r=recipe: ops_int8.prepass_int8(qq, kk, vv, scale, None, r.hadamard_signs, r.smooth_k))
+            signs, smooth_k, ratio2, _ = ops_int8.parse_settings_key(ops_int8.settings_key(recipe))
+            pre = (lambda a=(signs, smooth_k, None, ratio2): ops_int8.prepass_int8(qq, kk, vv, scale, None, *a))
             ops = pre()
             parts = {"prepass_ms": pre,
                      "kernel_ms": lambda ops=ops, out=out, a=ops_int8.launch_args(recipe):

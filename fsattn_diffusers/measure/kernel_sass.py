@@ -137,6 +137,8 @@ def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
     return triton.compile(src, target=TARGET, options={"num_warps": 4})
 
 
+#: Configurations whose spills (ptxas's spill-store bytes) must lie outside the key loops.
+SPILLS_OUTSIDE_LOOPS = ("gluon_int8_smooth_q", "gluon_int8_exact_smooth_q")
 CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8": (compile_triton, {}),
     "triton_mxfp8_paper": (compile_triton, dict(recipe="mxfp8-paper")),
@@ -160,6 +162,7 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_int8": (compile_gluon_int8, {}),
     "gluon_int8_d64_lse_kvl": (compile_gluon_int8, dict(d=64, WRITE_LSE=True, HAS_KVL=True)),
     "gluon_int8_exact": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact")),
+    # Q smoothing's key term: a few spill stores/loads outside the key loops (tests/test_kernel_compile.py)
     "gluon_int8_smooth_q": (compile_gluon_int8, dict(HAS_BIAS=True)),
     "gluon_int8_exact_smooth_q": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact", HAS_BIAS=True)),
 }
@@ -193,6 +196,16 @@ def loops(sass: str):
     # an enclosing loop (e.g. over the tiles of a persistent program) would repeat its inner loop's counts
     return [f for f in found if not any(g is not f and g[0] > f[0] and sum(g[1].values()) < sum(f[1].values())
                                         and f[1]["QGMMA"] > g[1]["QGMMA"] for g in found)] or found
+
+
+def local_memory_in_loops(sass: str) -> int:
+    """STL/LDL instructions (register spills) inside a key loop (a backward branch around tensor-core GEMMs)."""
+    ins = [(int(a, 16), pred or "", op, rest) for a, pred, op, rest in LINE.findall(sass)]
+    spans = [(_branch_target(rest), addr) for addr, pred, op, rest in ins
+             if op.startswith("BRA") and pred and _branch_target(rest) is not None and _branch_target(rest) < addr]
+    spans = [(lo, hi) for lo, hi in spans
+             if any(lo <= x[0] <= hi and x[2].startswith(("QGMMA", "HGMMA", "IGMMA")) for x in ins)]
+    return sum(1 for a, _, op, _ in ins if op.split(".")[0] in ("STL", "LDL") and any(lo <= a <= hi for lo, hi in spans))
 
 
 def register_use(kernel):
