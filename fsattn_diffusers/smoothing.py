@@ -105,8 +105,9 @@ def q_smoothing_ratio2(min_ratio: float) -> float:
 
 
 def subtract_mean(x: torch.Tensor, mean: torch.Tensor) -> torch.Tensor:
-    """``BF16(BF16(x) - mean)`` as float32 (B, H, S, D): the smoothed operand the pre-pass quantizes."""
-    return round_to_bf16(round_to_bf16(x.to(torch.float32)) - mean)
+    """``BF16(x - mean)`` as float32 (B, H, S, D), the difference taken in float32 from the input's own values (one
+    rounding: an fp16 or fp32 input is not rounded to BF16 first): the smoothed operand the pre-pass quantizes."""
+    return round_to_bf16(x.to(torch.float32) - mean)
 
 
 def key_bias(q_mean: torch.Tensor, k_smoothed: torch.Tensor, multiplier: float) -> torch.Tensor:

@@ -103,17 +103,18 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
     if HAS_FLAGS:
         flag_nonfinite_rows(x, FLAGS, bh)
     cols = tl.arange(0, D)
-    if X.dtype.element_ty == tl.bfloat16:  # already on the BF16 grid
-        x = x.to(tl.float32)
-    else:
-        x = _bf16_value(x.to(tl.float32), HW_CVT)
+    x = x.to(tl.float32)
     q_on = 1
     if HAS_QSEL:
         q_on = tl.load(QSEL + bh)
-    if HAS_MEAN:  # smoothing.subtract_mean; rows past the valid ones stay zero
+    if HAS_MEAN:  # smoothing.subtract_mean from the input's own values; rows past the valid ones stay zero
         if q_on != 0:  # QSEL is Q's: K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
             mu = tl.load(MEAN + bh * D + cols)
             x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
+        elif X.dtype.element_ty != tl.bfloat16:
+            x = _bf16_value(x, HW_CVT)
+    elif X.dtype.element_ty != tl.bfloat16:  # onto the BF16 grid
+        x = _bf16_value(x, HW_CVT)
     if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order; 0 on the slices the switch leaves out, whose
         # q_mean is 0: not gated, a branch here spilled ~370 bytes under the 128-register cap)
         qm = tl.load(QMEAN + bh * D + cols)

@@ -51,13 +51,12 @@ def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, QMEAN,
     if HAS_FLAGS:
         flag_nonfinite_rows(x, FLAGS, bh)
     cols = tl.arange(0, D)
-    if X.dtype.element_ty == tl.bfloat16:
-        x = x.to(tl.float32)
-    else:
-        x = _bf16_value(x.to(tl.float32), HW_CVT)
-    if HAS_MEAN:  # smoothing.subtract_mean on the valid rows, rounded to BF16 again
+    x = x.to(tl.float32)
+    if HAS_MEAN:  # smoothing.subtract_mean on the valid rows, from the input's own values, rounded to BF16 once
         mu = tl.load(MEAN + bh * D + cols)
         x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
+    elif X.dtype.element_ty != tl.bfloat16:
+        x = _bf16_value(x, HW_CVT)
     if HAS_BIAS:
         qm = tl.load(QMEAN + bh * D + cols)
         tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
