@@ -314,7 +314,7 @@ PRESETS = {
        for name, ops in _OPERANDS.items()},
     **{name + PAPER_SUFFIX: Recipe(name=name + PAPER_SUFFIX, **ops, **_FUSED) for name, ops in _OPERANDS.items()},
     # The accurate tier: INT8 Q/K, Stage-A's BF16 proxy itself as P (no Stage-B), BF16 V; the signed rotation and K
-    # smoothing (the Hopper INT8 kernel has no Q-smoothing term: NUMERICS.md §1).
+    # smoothing; `int8-bf16+smooth_q=true` adds Q smoothing with its per-slice switch (NUMERICS.md §1, §7).
     INT8_BF16: Recipe(name=INT8_BF16, qk_format="int8", p_format="bf16", v_format="bf16", **_FUSED,
                       **{k: v for k, v in ROBUST.items() if k != "smooth_q"}),
 }
