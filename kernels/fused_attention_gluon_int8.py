@@ -19,9 +19,8 @@ Stage-A (``EXP2``; sm90_numerics differences 10, 11):
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
 ``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
 in fp32 on the tensor cores, so O and ``l`` are chained in the wgmma accumulators across key tiles. Keys past
-``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the
-loop. The reference is
-:func:`fsattn_diffusers.emulator.sm90_reference_attention` with the ``int8-bf16`` recipe.
+``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop.
+The reference is :func:`fsattn_diffusers.emulator.sm90_reference_attention` with the ``int8-bf16`` recipe.
 """
 
 from __future__ import annotations
@@ -31,9 +30,8 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon_pingpong import (LN2, MAGIC, ONES_N, WG_ROWS, _key_tile, _lowering_trigger, _warp_any,
-                                             _warp_vote_declare)
-from .common import FLOOR_LIMIT
+from .fused_attention_gluon_pingpong import (LN2, MAGIC, ONES_N, WG_ROWS, _key_tile, _lowering_trigger,
+                                             _record_rollback, _rollback_reference, _warp_any, _warp_vote_declare)
 from .gluon_mxfp6_p import D_BITS
 
 # 1.5 * 2^23 as fp32 bits: an int32 s < 2^22 in magnitude added to them gives the fp32 value 1.5 * 2^23 + s.
@@ -174,17 +172,10 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL),
                  bh * SKP, j - 1 + STAGES < n_tiles, BN)
     if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
-        delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
-        m = m + delta
-        m_high = gl.maximum(m_high, m)
-        lo = _lowering_trigger(m, m_high, FLOOR)
-        c = c - GRID * delta
-        down = gl.exp2(-delta)
+        m, m_high, lo, c, down = _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID)
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
         o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
-        nfired += (fire & row_ok).to(gl.int32)
-        gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
-                     (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
+        nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
         p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)[1]
     return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2)
 

@@ -70,6 +70,28 @@ def _lowering_trigger(m, m_high, FLOOR):
 
 
 @gluon.jit
+def _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID: gl.constexpr):
+    """The rollback of the fired rows (Algorithm 1, and a lowering): ``(m, m_high, lo, c, down)`` with the new
+    reference on the integer-doubling steps ``delta`` (0 on the other rows), never more than FLOOR_LIMIT below
+    ``m_high``; Stage-A's constant ``c`` on its grid of ``GRID`` steps per doubling, and ``down = 2^-delta``, the
+    factor O and l are rescaled by."""
+    delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
+    m = m + delta
+    m_high = gl.maximum(m_high, m)
+    return m, m_high, _lowering_trigger(m, m_high, FLOOR), c - GRID * delta, gl.exp2(-delta)
+
+
+@gluon.jit
+def _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows):
+    """Count the fired rows in ``nfired`` (returned) and set key tile ``t``'s bit of this query tile's rollback words
+    (FLAGS, NKW words per query tile; none when NKW is 0)."""
+    nfired += (fire & row_ok).to(gl.int32)
+    gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
+                 (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
+    return nfired
+
+
+@gluon.jit
 def _stage_a(s, s1024, c):
     """Stage-A: fp32 words whose low 16 bits are the FP16 pattern of P * 2^sigma (upper bits MAGIC's)."""
     return gl.maximum(s * s1024 + c[:, None], MAGIC)
@@ -339,20 +361,13 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
                          BN, KEY_TERM)
             if anyfire:  # rare rollback (per warp; nothing in here may synchronize threads): new reference for the
                 # fired rows (up, or down by a lowering), O and l rescaled, Stage-A redone
-                delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
-                m = m + delta
-                m_high = gl.maximum(m_high, m)
-                lo = _lowering_trigger(m, m_high, FLOOR)
-                c = c - GRID * delta
-                down = gl.exp2(-delta)
+                m, m_high, lo, c, down = _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID)
                 if P_MX:
                     l = l * down
                 else:
                     lsum = lsum * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
                 o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
-                nfired += (fire & row_ok).to(gl.int32)
-                gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
-                             (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
+                nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
                 p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
             pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)  # now: the GEMM issue window holds no conversion
             if P_MX:

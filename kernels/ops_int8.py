@@ -70,7 +70,8 @@ def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse
 
 
 def launch_args(recipe) -> dict:
-    """The kernel's gate, key-order and exponential settings for an INT8 recipe (:func:`attention_int8_from_operands`)."""
+    """The kernel's gate, key-order and exponential settings for an INT8 recipe
+    (:func:`attention_int8_from_operands`)."""
     from .plan import FROZEN_MAX_OFFSET_GRID
 
     return dict(cap=float(recipe.rollback_cap_log2) if recipe.rollback else math.inf,

@@ -85,11 +85,10 @@ def speed(root: str = ROOT) -> List[str]:
     header = ["shape (B, H, S, D)", "recipe", "ms", "SDPA cuDNN ms", "FA3 bf16 ms", "FA3 FP8 ms (kernel alone)",
               "SageAttention 2 ms", "vs cuDNN / FA3 bf16 / FA3 FP8 / FA3 FP8 kernel / SageAttention 2",
               "error % (normal inputs)"]
-    errs = {k: m[k]["rel_err"] * 100 for m in list(by_shape.values())[:1] for k in ("fa3-bf16", "fa3-fp8", "sageattention")
-            if k in m}
-    note = ("Error % of the baselines on the same inputs: " + ", ".join(f"{k} {v:.2f}" for k, v in errs.items()) + ".") \
-        if errs else ""
-    return _table(header, rows) + ([note] if note else []) + _provenance([_source(name, doc)])
+    first = next(iter(by_shape.values()), {})  # the baselines' error on the first shape's inputs
+    errs = [f"{k} {first[k]['rel_err'] * 100:.2f}" for k in ("fa3-bf16", "fa3-fp8", "sageattention") if k in first]
+    note = [f"Error % of the baselines on the same inputs: {', '.join(errs)}."] if errs else []
+    return _table(header, rows) + note + _provenance([_source(name, doc)])
 
 
 # ---------------------------------------------------------------------------------------------------------- accuracy
@@ -142,11 +141,12 @@ def accurate_tier(root: str = ROOT) -> List[str]:
             ratios.append(ours / sage)
             if ours > sage:
                 above.append(f"{c['family']} {c['dtype'].replace('float', 'f')} D{c['head_dim']}")
-        gauss = [c["columns"][rec]["err"] * 100 for c in cases if c["family"] == "gaussian"]
-        gauss_sage = [c["columns"]["sage"]["err"] * 100 for c in cases if c["family"] == "gaussian"]
+        gauss, gauss_sage = ([c["columns"][col]["err"] * 100 for c in cases if c["family"] == "gaussian"]
+                             for col in (rec, "sage"))
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
         rows.append([f"**{rec}**", f"{geo:.3f}x", f"{min(ratios):.2f}x - {max(ratios):.2f}x",
-                     f"{min(gauss):.2f} - {max(gauss):.2f} (SageAttention 2: {min(gauss_sage):.2f} - {max(gauss_sage):.2f})",
+                     f"{min(gauss):.2f} - {max(gauss):.2f} (SageAttention 2: {min(gauss_sage):.2f} - "
+                     f"{max(gauss_sage):.2f})",
                      f"{len(above)} of {len(ratios)}" + (f": {', '.join(above)}" if above else "")])
     seeds = _meta(doc).get("seeds")
     header = ["recipe", "error / SageAttention 2's, geometric mean", "range over the cells", "gaussian error %",
