@@ -3,9 +3,11 @@
 # cuDNN/flash and, with the fa3-fwd wheel carried in .whl, FA3 bf16/FP8, in one process) at the paper, Wan2.1, Wan2.2 and HunyuanVideo shapes.
 #   OUT=$OUT bash scripts/gpu_suite_h200.sh [tests|fuzz|bench|power|all ...] [-- flags for the one part's command]
 # Parts (about):
-#   tests  tests/test_kernel_gpu.py, tests/test_kernel_key_term_gpu.py, tests/test_kernel_prepass_gpu.py and tests/test_bench_gpu.py
-#          (TEST_FILES overrides the list; -s: one line per case) -> gpu_tests_h200.txt, ~4 min. The CPU tests are CI's
-#          (.ci/run); the device lacks the package's CPU-side dependencies (imageio, ...), so they are not run here.
+#   tests  the GPU tests of both kernel families: tests/test_kernel_gpu.py, test_kernel_frozen_reference_gpu.py,
+#          test_kernel_key_term_gpu.py, test_kernel_prepass_gpu.py, test_bench_gpu.py, test_kernel_int8_gpu.py and
+#          test_prepass_int8_kernel.py (TEST_FILES overrides the list; -s: one line per case) -> gpu_tests_h200.txt,
+#          ~7 min. The CPU tests are CI's (.ci/run); the device lacks the package's CPU-side dependencies
+#          (imageio, ...), so they are not run here.
 #   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
 #          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-30 s, mostly Triton compiling the
 #          specialization its shapes and strides ask for, so FSATTN_FUZZ_JOBS (default 6) processes share the GPU,
@@ -139,8 +141,10 @@ torch.cuda.synchronize()' || return $?
 for part in "${PARTS[@]}"; do
   case $part in
     tests)
-      read -ra files <<< "${TEST_FILES:-tests/test_kernel_gpu.py tests/test_kernel_key_term_gpu.py tests/test_kernel_prepass_gpu.py tests/test_bench_gpu.py}"
-      run_logged gpu_tests_h200.txt timeout "${LIMIT:-360}" python3 -m pytest -q -s "${files[@]}" "${EXTRA[@]}" ;;
+      default="tests/test_kernel_gpu.py tests/test_kernel_frozen_reference_gpu.py tests/test_kernel_key_term_gpu.py
+        tests/test_kernel_prepass_gpu.py tests/test_bench_gpu.py tests/test_kernel_int8_gpu.py tests/test_prepass_int8_kernel.py"
+      read -ra files <<< "$(echo ${TEST_FILES:-$default})"
+      run_logged gpu_tests_h200.txt timeout "${LIMIT:-560}" python3 -m pytest -q -s "${files[@]}" "${EXTRA[@]}" ;;
     fuzz)
       if [[ -n ${FSATTN_FUZZ_SLICE:-} ]]; then
         FSATTN_FUZZ_LOG=$OUT/kernel_fuzz_h200.txt run_logged kernel_fuzz_pytest timeout "${LIMIT:-560}" \

@@ -1,6 +1,8 @@
 """Where the kernel tests run: a CUDA GPU of sm_90 or newer, or (``FSATTN_KERNEL_TEST_CPU=1`` with
-``TRITON_INTERPRET=1``) Triton's interpreter on the CPU; and the seeded inputs they share (:func:`make`)."""
+``TRITON_INTERPRET=1``) Triton's interpreter on the CPU; the seeded inputs they share (:func:`make`), the relative
+error they report (:func:`rel`) and one kernel call on its pre-pass's operands (:func:`kernel_on_operands`)."""
 
+import math
 import os
 
 import pytest
@@ -34,3 +36,37 @@ def make(b, h, s_q, s_k, d, layout, seed=0, dtype=torch.bfloat16, spiky=False):
     if layout == "bshd":
         q, k, v = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v))
     return q, k, v
+
+
+def rel(x, ref) -> float:
+    """``||x - ref||_F / ||ref||_F`` in float64."""
+    return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+
+
+def poison_allocator(nbytes=64 << 20) -> None:
+    """Leave NaN in the caching allocator's free blocks so torch.empty hands back NaN (on a GPU)."""
+    if DEV == "cuda":
+        torch.full((nbytes // 4,), float("nan"), device=DEV)
+        torch.cuda.synchronize()
+
+
+def kernel_on_operands(q, k, v, recipe_name, kv, variant, q_lens=None):
+    """``(out, lse, stats, ops)``: the attention kernel ``variant`` (gluon_pingpong or triton) on the operands its
+    pre-pass writes for ``recipe_name``, the allocator poisoned and out (B, H, S_q, D) / lse (B, H, S_q) NaN-filled
+    first; the LSE is that of the unsmoothed scores (K smoothing's offset added back), as the public call returns it."""
+    from fsattn_diffusers.kernels.ops import attention_from_operands, prepass
+    from fsattn_diffusers.kernels.plan import plan_for
+    from fsattn_diffusers.recipe import get_recipe
+    from fsattn_diffusers.smoothing import lse_offset
+
+    plan = plan_for(get_recipe(recipe_name))
+    scale = 1.0 / math.sqrt(q.shape[-1])
+    ops = prepass(q, k, v, plan, scale, kv, variant=variant, q_lens=q_lens)
+    poison_allocator(16 << 20)
+    out = torch.full_like(q, float("nan"))
+    lse = torch.full(q.shape[:3], float("nan"), device=DEV)
+    st = torch.zeros((2,), dtype=torch.int32, device=DEV)
+    attention_from_operands(ops, out, plan, q.shape[2], k.shape[2], kv, lse, st, variant=variant)
+    if ops.k_mean is not None:
+        lse = lse + lse_offset(q, ops.k_mean, scale)
+    return out, lse, st, ops

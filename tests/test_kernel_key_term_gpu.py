@@ -1,9 +1,10 @@
 """Q smoothing's key term in the kernels (sm90_numerics difference 9): the gluon_pingpong kernel's chained K = 32
 wgmma and the triton kernel's per-score add of the same carried term, against the sm90 reference.
 
-Tolerance rule (tests/test_kernel_gpu.py): ``err(kernel) <= 2 err(sm90 reference) + 1e-3`` against float64
-attention, the kernel within KERNEL_REF_MAX of the reference (testing.within_kernel_rule); the LSE within 0.1 nats + 2^-9 of its size (FP8 accumulation of
-the scores on structured inputs, measured below). Skipped without CUDA;
+Tolerance rule (:mod:`fsattn_diffusers.testing`): the kernel's error against float64 attention equals its reference's
+within KERNEL_ERR_ATOL + KERNEL_ERR_REL of it (``within_kernel_rule``), the kernel within KERNEL_REF_MAX of the
+reference; the LSE within 0.1 nats + 2^-9 of its size (FP8 accumulation of the scores on structured inputs, measured
+below). Skipped without CUDA;
 ``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1`` runs the triton kernel's cases through the interpreter.
 """
 
@@ -12,7 +13,8 @@ import math
 import pytest
 import torch
 
-from kernel_device import CPU_INTERPRET, DEV, skip_module_without_sm90  # noqa: E402
+from kernel_device import CPU_INTERPRET, DEV, rel, skip_module_without_sm90  # noqa: E402
+from kernel_device import kernel_on_operands as _kernel  # noqa: E402
 from tile_patterns import query_tile_far_above  # noqa: E402
 
 skip_module_without_sm90()
@@ -20,13 +22,13 @@ pytest.importorskip("triton")
 
 from fsattn_diffusers import sm90_numerics  # noqa: E402
 from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
-from fsattn_diffusers.kernels.ops import attention_from_operands, prepass  # noqa: E402
+from fsattn_diffusers.kernels.ops import prepass  # noqa: E402
 from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 from fsattn_diffusers.numerics import numerics_for  # noqa: E402
 from fsattn_diffusers.operands import LOG2E, prequantize_qk  # noqa: E402
 from fsattn_diffusers.recipe import get_recipe  # noqa: E402
-from fsattn_diffusers.smoothing import lse_offset, smooth_inputs  # noqa: E402
+from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 from fsattn_diffusers.testing import KERNEL_REF_MAX, exact_attention, within_kernel_rule  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -35,25 +37,6 @@ VARIANTS = ["triton", "gluon_pingpong"]
 # families both kernels' LSE moved by up to 0.066 nats on the H200 (the triton kernel too, which adds the term in
 # fp32), and by 63 nats where the LSE is ~1e5 (a query tile 2^16 above the others).
 LSE_ATOL, LSE_REL = 0.1, 2.0 ** -9
-
-
-def rel(x, ref):
-    return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-
-
-def _kernel(q, k, v, recipe_name, kv, variant, ql=None):
-    plan = plan_for(get_recipe(recipe_name))
-    scale = 1.0 / math.sqrt(q.shape[-1])
-    ops = prepass(q, k, v, plan, scale, kv, variant=variant, q_lens=ql)
-    if DEV == "cuda":  # NaN in the allocator's free blocks: an unwritten output would show
-        torch.full((16 << 20,), float("nan"), device=DEV)
-    out = torch.full_like(q, float("nan"))
-    lse = torch.full(q.shape[:3], float("nan"), device=DEV)
-    st = torch.zeros((2,), dtype=torch.int32, device=DEV)
-    attention_from_operands(ops, out, plan, q.shape[2], k.shape[2], kv, lse, st, variant=variant)
-    if ops.k_mean is not None:
-        lse = lse + lse_offset(q, ops.k_mean, scale)
-    return out, lse, st, ops
 
 
 def _check(name, q, k, v, recipe, variant, kv=None, ql=None):
