@@ -78,17 +78,26 @@ def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr)
 
 
 @gluon.jit
-def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr):
-    """``(xmax, p)``: the tile's row peaks in doublings and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in
-    doublings (with the key term), so ``a`` is not applied."""
+def _row_peaks(x, a, SCALED: gl.constexpr):
+    """The tile's row peaks in doublings: ``max(x)`` where ``x`` already is in doublings (``SCALED``: with the key
+    term), else the integer scores' maximum times ``a`` (one multiply per row)."""
     if SCALED:
-        xmax = gl.max(x, axis=1)
+        return gl.max(x, axis=1)
+    else:
+        return gl.max(x, axis=1) * a
+
+
+@gluon.jit
+def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr):
+    """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in doublings
+    (with the key term), so ``a`` is not applied."""
+    xmax = _row_peaks(x, a, SCALED)
+    if SCALED:
         if EXP2 == EXP2_HW:
             p = gl.exp2(x - m[:, None])
         else:
             p = gl.maximum(x * GRID + c[:, None], MAGIC)
     else:
-        xmax = gl.max(x, axis=1) * a
         p = _stage_a(x, a, c, m, EXP2)
     return xmax, p
 
@@ -226,10 +235,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         x = _mask_tail(_scores_f32(s), j0, n_keys, BN, scol)
         if HAS_BIAS:
             x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
-            m = gl.max(x, axis=1)
-        else:
-            m = gl.max(x, axis=1) * a
-        m = gl.ceil(m * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
+        m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m

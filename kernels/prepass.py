@@ -90,8 +90,8 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
              MEAN, HAS_MEAN: tl.constexpr, QMEAN, BIAS, bias_mult, HAS_BIAS: tl.constexpr, QFLOOR,
              HAS_QFLOOR: tl.constexpr, FLAGS, HAS_FLAGS: tl.constexpr, FAST_ELEM: tl.constexpr, QSEL,
              HAS_QSEL: tl.constexpr):
-    """One BS-row tile of one (batch, head): BF16 rounding, smoothing (``HAS_MEAN``: minus the token mean MEAN
-    (B, H, D), rounded to BF16 again), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
+    """One BS-row tile of one (batch, head): smoothing and BF16 rounding (:func:`smoothed_bf16_rows`; ``HAS_MEAN``:
+    minus the token mean MEAN (B, H, D)), rotation by ``hm`` (the +-1 matrix ``diag(s) H``, (D, D)), scaling, MX
     quantization, E4M3 carry; writes its rows of OUT and its exponent(s) in OUTE. ``HAS_BIAS`` (K): also the per-key
     term ``bias_mult * (QMEAN . k_smoothed)`` of Q smoothing into BIAS (B, H, SP), 0 on padded rows. ``HAS_QFLOOR``
     (Q, one exponent per tile): the tile exponent is at least QFLOOR[bh] (sm90_numerics difference 9; an all-zero
@@ -103,22 +103,14 @@ def _qk_tile(X, sxb, sxh, sxs, sxd, OUT, OUTE, hm, H, S, SP, rsqrt_d, mult, pid_
     if HAS_FLAGS:
         flag_nonfinite_rows(x, FLAGS, bh)
     cols = tl.arange(0, D)
-    x = x.to(tl.float32)
     q_on = 1
-    if HAS_QSEL:
+    if HAS_QSEL:  # QSEL is Q's: K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
         q_on = tl.load(QSEL + bh)
-    if HAS_MEAN:  # smoothing.subtract_mean from the input's own values; rows past the valid ones stay zero
-        if q_on != 0:  # QSEL is Q's: K's mean always; Q's where the switch takes the slice (elsewhere it is 0)
-            mu = tl.load(MEAN + bh * D + cols)
-            x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
-        elif X.dtype.element_ty != tl.bfloat16:
-            x = _bf16_value(x, HW_CVT)
-    elif X.dtype.element_ty != tl.bfloat16:  # onto the BF16 grid
-        x = _bf16_value(x, HW_CVT)
-    if HAS_BIAS:  # smoothing.key_bias (fp32 sums in the kernel's order; 0 on the slices the switch leaves out, whose
-        # q_mean is 0: not gated, a branch here spilled ~370 bytes under the 128-register cap)
-        qm = tl.load(QMEAN + bh * D + cols)
-        tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
+    x = smoothed_bf16_rows(x.to(tl.float32), rows, n, cols, MEAN, bh, q_on, D, HAS_MEAN,
+                           X.dtype.element_ty == tl.bfloat16, HW_CVT)
+    if HAS_BIAS:  # 0 on the slices the switch leaves out, whose q_mean is 0: not gated, a branch here spilled ~370
+        # bytes under the 128-register cap
+        store_key_term(x, rows, cols, QMEAN, BIAS, bias_mult, bh, SP, D)
     if HAD:
         y = rotate_scaled(x, hm, rsqrt_d, mult, DOT_F32, ROUND_TWICE, HW_CVT)
     else:
@@ -188,6 +180,31 @@ def _bf16_value(x, HW_CVT: tl.constexpr):
         return x.to(tl.bfloat16).to(tl.float32)
     else:
         return round_bf16(x)
+
+
+@triton.jit
+def smoothed_bf16_rows(x, rows, n, cols, MEAN, bh, subtract, D: tl.constexpr, HAS_MEAN: tl.constexpr,
+                       IS_BF16: tl.constexpr, HW_CVT: tl.constexpr):
+    """A (BS, D) tile of float32 input rows as the BF16 values the pre-passes rotate (smoothing.subtract_mean): with
+    ``HAS_MEAN`` and ``subtract`` != 0, ``BF16(x - MEAN[bh])`` (one rounding, from the input's own values) on the
+    valid rows (``rows < n``; 0 past them); else ``x`` on the BF16 grid (``IS_BF16``: it already is)."""
+    if HAS_MEAN:
+        if subtract != 0:
+            mu = tl.load(MEAN + bh * D + cols)
+            x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
+        elif not IS_BF16:
+            x = _bf16_value(x, HW_CVT)
+    elif not IS_BF16:
+        x = _bf16_value(x, HW_CVT)
+    return x
+
+
+@triton.jit
+def store_key_term(x, rows, cols, QMEAN, BIAS, bias_mult, bh, SP, D: tl.constexpr):
+    """Q smoothing's per-key term of a tile of smoothed key rows (smoothing.key_bias): ``bias_mult * (QMEAN[bh] . k)``
+    (fp32 sums in the kernel's order) into BIAS (B, H, SP)."""
+    qm = tl.load(QMEAN + bh * D + cols)
+    tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
 
 
 @triton.jit

@@ -29,7 +29,8 @@ import triton.language as tl
 from fsattn_diffusers.formats import INT8_MAX as _INT8_MAX
 
 from .common import RNE_MAGIC, flag_nonfinite_rows, load_slice_rows
-from .prepass import INTERPRET, KEY_TILE, ROWS, _bf16_value, _hadamard_pm1, padded, rotate_scaled
+from .prepass import (INTERPRET, KEY_TILE, ROWS, _bf16_value, _hadamard_pm1, padded, rotate_scaled,
+                      smoothed_bf16_rows, store_key_term)
 
 # The largest INT8 code (codes -127..127), as a Triton constant.
 INT8_MAX = tl.constexpr(float(_INT8_MAX))
@@ -51,15 +52,10 @@ def _int8_qk_kernel(X, sxb, sxh, sxs, sxd, OUT, SC, HM, MEAN, KVL, FLAGS, QMEAN,
     if HAS_FLAGS:
         flag_nonfinite_rows(x, FLAGS, bh)
     cols = tl.arange(0, D)
-    x = x.to(tl.float32)
-    if HAS_MEAN:  # smoothing.subtract_mean on the valid rows, from the input's own values, rounded to BF16 once
-        mu = tl.load(MEAN + bh * D + cols)
-        x = tl.where(rows[:, None] < n, _bf16_value(x - mu[None, :], HW_CVT), 0.0)
-    elif X.dtype.element_ty != tl.bfloat16:
-        x = _bf16_value(x, HW_CVT)
+    x = smoothed_bf16_rows(x.to(tl.float32), rows, n, cols, MEAN, bh, 1, D, HAS_MEAN,
+                           X.dtype.element_ty == tl.bfloat16, HW_CVT)
     if HAS_BIAS:
-        qm = tl.load(QMEAN + bh * D + cols)
-        tl.store(BIAS + bh.to(tl.int64) * SP + rows, tl.sum(x * qm[None, :], axis=1) * bias_mult)
+        store_key_term(x, rows, cols, QMEAN, BIAS, bias_mult, bh, SP, D)
     y = rotate_scaled(x, tl.load(HM + cols[:, None] * D + cols[None, :]), rsqrt_d, mult, DOT_F32, False, HW_CVT)
     if PER_ROW:
         amax = tl.max(tl.abs(y), axis=1)

@@ -186,7 +186,7 @@ def loops(sass: str):
         if tgt is None or tgt >= addr:
             continue
         body = [x for x in ins if tgt <= x[0] <= addr]
-        if not any(x[2].startswith(("QGMMA", "HGMMA")) for x in body):
+        if not any(x[2].startswith(("QGMMA", "HGMMA", "IGMMA")) for x in body):
             continue
         rare = []
         for a, p, o, r in body:
@@ -202,13 +202,8 @@ def loops(sass: str):
 
 
 def local_memory_in_loops(sass: str) -> int:
-    """STL/LDL instructions (register spills) inside a key loop (a backward branch around tensor-core GEMMs)."""
-    ins = [(int(a, 16), pred or "", op, rest) for a, pred, op, rest in LINE.findall(sass)]
-    spans = [(_branch_target(rest), addr) for addr, pred, op, rest in ins
-             if op.startswith("BRA") and pred and _branch_target(rest) is not None and _branch_target(rest) < addr]
-    spans = [(lo, hi) for lo, hi in spans
-             if any(lo <= x[0] <= hi and x[2].startswith(("QGMMA", "HGMMA", "IGMMA")) for x in ins)]
-    return sum(1 for a, _, op, _ in ins if op.split(".")[0] in ("STL", "LDL") and any(lo <= a <= hi for lo, hi in spans))
+    """STL/LDL instructions (register spills) inside the key loops of :func:`loops`."""
+    return sum(body["STL"] + body["LDL"] for _, body, _ in loops(sass))
 
 
 def register_use(kernel):
