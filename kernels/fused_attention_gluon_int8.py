@@ -279,12 +279,13 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
 
 
 @gluon.jit(do_not_specialize=["SK"])  # S_k = 1 as a constant breaks the peeled loop's lowering
-def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, OUT, LSE, STATS, FLAGS, NKW, KVL,
-                                 sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
+def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, TSEL, OUT, LSE, STATS, FLAGS, NKW,
+                                 KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
                                  DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0,
-                                 EXP2: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False):
+                                 EXP2: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False,
+                                 TERM_SEL: gl.constexpr = False):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 (B*H*SQP, D) int8, block (64, D); QS (B*H*SQP) fp32 its per-row scales.
@@ -295,6 +296,9 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
     BIAS, HAS_BIAS : Q smoothing's per-key term (B*H*SKP) fp32 in doublings, added to the scores as
         ``fma(S_j, a_j, b_j)`` before the gate and Stage-A (sm90_numerics difference 12).
+    TSEL, TERM_SEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch. The host launches the kernel twice,
+        ``HAS_BIAS`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``HAS_BIAS`` returns before
+        any work, so a slice the switch leaves out runs the loop without the key term.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -308,34 +312,38 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     if DIAGONAL:
         j0 = (pid_m * n_tiles) // (SQP // 128)
 
-    q_smem = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, D], q_desc.layout)
-    k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BN, D], k_desc.layout)
-    v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
-    qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
-    kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-    ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
-    onesbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
-    mbarrier.init(onesbar.index(0), count=1)
-    for i in gl.static_range(2):
-        mbarrier.init(qbar.index(i), count=1)
-    for i in gl.static_range(STAGES):
-        mbarrier.init(kvbar.index(i), count=1)
-        mbarrier.init(empty.index(i), count=2)
-    fence_async_shared()
+    run = True
+    if TERM_SEL:  # one of two launches: the slices whose switch (TSEL) matches HAS_BIAS
+        run = (gl.load(TSEL + bh) != 0) == HAS_BIAS
+    if run:
+        q_smem = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, D], q_desc.layout)
+        k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BN, D], k_desc.layout)
+        v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
+        qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
+        kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
+        ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
+        onesbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
+        mbarrier.init(onesbar.index(0), count=1)
+        for i in gl.static_range(2):
+            mbarrier.init(qbar.index(i), count=1)
+        for i in gl.static_range(STAGES):
+            mbarrier.init(kvbar.index(i), count=1)
+            mbarrier.init(empty.index(i), count=2)
+        fence_async_shared()
 
-    for i in gl.static_range(2):
-        mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
-        tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
-                                        q_smem.index(i))
-    mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
-    tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
-    for i in gl.static_range(STAGES):
-        _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
-                 i < n_tiles, BN)
+        for i in gl.static_range(2):
+            mbarrier.expect(qbar.index(i), q_desc.block_type.nbytes)
+            tma.async_copy_global_to_shared(q_desc, [bh * SQP + pid_m * 128 + i * WG_ROWS, 0], qbar.index(i),
+                                            q_smem.index(i))
+        mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
+        tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
+        for i in gl.static_range(STAGES):
+            _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
+                     i < n_tiles, BN)
 
-    args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT, LSE,
-            STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
-            M_OFFSET)
-    gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS) + args),
-                        (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS) + args)], [4], [REGS])
+        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT,
+                LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
+                FLOOR, M_OFFSET)
+        gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS) + args),
+                            (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS) + args)], [4], [REGS])

@@ -26,30 +26,37 @@ INT8_WORKER_REGS = 240
 
 def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth_k: bool = True, flags=None,
                  smooth_q_ratio2: Optional[float] = None, q_lens=None):
-    """``(q8, qs, k8, ks, v16, k_mean, bias)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k, v;
-    ``flags`` (B * H,) int32, optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf set
-    to 1. ``smooth_q_ratio2`` (not None: ``Recipe.smooth_q``): Q smoothing with its per-slice switch at that
+    """``(q8, qs, k8, ks, v16, k_mean, bias, q_sel)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k,
+    v; ``flags`` (B * H,) int32, optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf
+    set to 1. ``smooth_q_ratio2`` (not None: ``Recipe.smooth_q``): Q smoothing with its per-slice switch at that
     ``float32(min_ratio^2)`` (0: every slice), its mean over the queries before ``q_lens``; ``bias`` (B, H, SKP)
-    float32 is then its per-key term in doublings (0 on the slices the switch leaves out), else None."""
+    float32 is then its per-key term in doublings (0 on the slices the switch leaves out), else None; ``q_sel``
+    (B * H,) int32, 1 on the slices the switch smooths (None without a switch: every slice or none)."""
     k_mean = token_mean(k, kv_lens) if smooth_k else None
-    q_mean = None
+    q_mean = q_sel = None
     if smooth_q_ratio2 is not None:
-        q_mean = token_mean(q, q_lens, ratio2=smooth_q_ratio2)[0] if smooth_q_ratio2 > 0 else token_mean(q, q_lens)
+        if smooth_q_ratio2 > 0:
+            q_mean, q_sel = token_mean(q, q_lens, ratio2=smooth_q_ratio2)
+        else:
+            q_mean = token_mean(q, q_lens)
     k8, ks, bias = prepare_qk_int8(k, 1.0, per_row=False, signs=signs, kv_lens=kv_lens, mean=k_mean, flags=flags,
                                    q_mean=q_mean, bias_mult=scale * LOG2E)
     q8, qs, _ = prepare_qk_int8(q, scale * LOG2E, per_row=True, signs=signs, mean=q_mean, flags=flags)
-    return q8, qs, k8, ks, prepare_v_bf16(v, kv_lens, flags), k_mean, bias
+    return q8, qs, k8, ks, prepare_v_bf16(v, kv_lens, flags), k_mean, bias, q_sel
 
 
 def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse=None, stats=None, cap=32.0,
                                  floor=math.inf, diagonal=False, m_offset=0.0, exp2=0, stages=INT8_STAGES,
                                  regs=INT8_WORKER_REGS):
     """Launch the kernel on :func:`prepass_int8`'s operands, writing ``out`` (B, H, S_q, D view, any strides);
-    ``exp2``: Stage-A's exponential (:data:`EXP2_MODE`'s values)."""
+    ``exp2``: Stage-A's exponential (:data:`EXP2_MODE`'s values). With Q smoothing's per-slice switch (``q_sel``) two
+    launches, the slices without the key term first, then those with it; in each, the programs of the other slices
+    return at once, so a slice the switch leaves out computes what the recipe without Q smoothing computes."""
     from .fused_attention_gluon_int8 import ONES_N, WG_ROWS, fsattn_fwd_gluon_int8_kernel
 
     q8, qs, k8, ks, v16 = ops[:5]
     bias = ops[6] if len(ops) > 6 else None
+    q_sel = ops[7] if len(ops) > 7 and bias is not None else None
     b, h, sqp, d = q8.shape
     skp = k8.shape[2]
     stats, nkw, tile_bits = rollback_tile_words(b, h, sqp, skp, stats, q8.device)
@@ -57,14 +64,15 @@ def attention_int8_from_operands(ops, out, s_q: int, s_k: int, kv_lens=None, lse
     k_desc = tma_desc(k8.view(b * h * skp, d), [KEY_TILE, d], "int8")
     v_desc = tma_desc(v16.view(b * h * skp, d), [KEY_TILE, d], "bfloat16")
     ones_desc = tma_desc(_ones_tile(q8.device, torch.bfloat16), [ONES_N.value, KEY_TILE], "bfloat16")
-    fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
-        q_desc, k_desc, v_desc, ones_desc, qs, ks, bias if bias is not None else qs, out,
-        lse if lse is not None else stats, stats,
-        tile_bits if nkw else stats, nkw,
-        kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
-        D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap), FLOOR=float(floor),
-        STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), EXP2=int(exp2),
-        HAS_BIAS=bias is not None, num_warps=4)
+    for has_bias in ((False, True) if q_sel is not None else (bias is not None,)):
+        fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
+            q_desc, k_desc, v_desc, ones_desc, qs, ks, bias if bias is not None else qs,
+            q_sel if q_sel is not None else stats, out, lse if lse is not None else stats, stats,
+            tile_bits if nkw else stats, nkw,
+            kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+            D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap),
+            FLOOR=float(floor), STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), EXP2=int(exp2),
+            HAS_BIAS=has_bias, TERM_SEL=q_sel is not None, num_warps=4)
     count_rollback_tiles(stats, tile_bits)
     return out
 

@@ -5,8 +5,9 @@
 # Parts (about):
 #   tests  the GPU tests of both kernel families: tests/test_kernel_gpu.py, test_kernel_frozen_reference_gpu.py,
 #          test_kernel_key_term_gpu.py, test_kernel_prepass_gpu.py, test_bench_gpu.py, test_kernel_int8_gpu.py and
-#          test_prepass_int8_kernel.py (TEST_FILES overrides the list; -s: one line per case) -> gpu_tests_h200.txt,
-#          ~7 min. The CPU tests are CI's (.ci/run); the device lacks the package's CPU-side dependencies
+#          test_prepass_int8_kernel.py (TEST_FILES overrides the list; -s: one line per case), one pytest process
+#          per file side by side on the GPU (each cut at LIMIT, default 560 s) -> gpu_tests_h200.txt, file by
+#          file (~5 min). The CPU tests are CI's (.ci/run); the device lacks the package's CPU-side dependencies
 #          (imageio, ...), so they are not run here.
 #   fuzz   tests/test_kernel_fuzz_gpu.py -> kernel_fuzz_h200.txt (the case log, slice by slice, then the total;
 #          pytest's output in kernel_fuzz_slice<j>.log). A case takes ~1-30 s, mostly Triton compiling the
@@ -120,6 +121,26 @@ fuzz_slices() {  # FSATTN_FUZZ_JOBS pytest processes on the one GPU, slice j of 
   ((rc == 0 && failed == 0 && ${#missing[@]} == 0))
 }
 
+test_files_side_by_side() {  # one pytest process per test file, all on the one GPU at once; then one log, file by file
+  local f j rc=0 pids=()
+  for j in $(seq 0 $(($# - 1))); do
+    f=${@:$((j + 1)):1}
+    timeout "${LIMIT:-560}" python3 -m pytest -q -s -p no:cacheprovider "$f" "${EXTRA[@]}" > "$OUT/gpu_tests_file$j.log" 2>&1 &
+    pids+=($!)
+  done
+  j=0
+  for f in "$@"; do
+    local frc=0
+    wait "${pids[$j]}" || frc=$?
+    echo "-- $f: pytest rc=$frc$([[ $frc == 124 ]] && echo ' (timed out)')"
+    cat "$OUT/gpu_tests_file$j.log"
+    rm -f "$OUT/gpu_tests_file$j.log"
+    ((frc == 0)) || rc=1
+    j=$((j + 1))
+  done
+  return $rc
+}
+
 ncu_profile() {  # one launch of the attention kernel under Nsight Compute (clocks not locked)
   local rep=/tmp/fsattn_ncu section sections=()
   for section in SpeedOfLight ComputeWorkloadAnalysis SchedulerStats WarpStateStats InstructionStats Occupancy \
@@ -144,7 +165,7 @@ for part in "${PARTS[@]}"; do
       default="tests/test_kernel_gpu.py tests/test_kernel_frozen_reference_gpu.py tests/test_kernel_key_term_gpu.py
         tests/test_kernel_prepass_gpu.py tests/test_bench_gpu.py tests/test_kernel_int8_gpu.py tests/test_prepass_int8_kernel.py"
       read -ra files <<< "$(echo ${TEST_FILES:-$default})"
-      run_logged gpu_tests_h200.txt timeout "${LIMIT:-560}" python3 -m pytest -q -s "${files[@]}" "${EXTRA[@]}" ;;
+      run_logged gpu_tests_h200.txt test_files_side_by_side "${files[@]}" ;;
     fuzz)
       if [[ -n ${FSATTN_FUZZ_SLICE:-} ]]; then
         FSATTN_FUZZ_LOG=$OUT/kernel_fuzz_h200.txt run_logged kernel_fuzz_pytest timeout "${LIMIT:-560}" \

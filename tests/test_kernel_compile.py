@@ -44,10 +44,13 @@ def test_the_key_count_is_never_a_compile_time_constant():
 
 
 @pytest.mark.parametrize("switched,plain", [("gluon_pingpong_smooth_q_sel_off", "gluon_pingpong"),
-                                            ("gluon_pingpong_smooth_q_sel", "gluon_pingpong_smooth_q")])
+                                            ("gluon_pingpong_smooth_q_sel", "gluon_pingpong_smooth_q"),
+                                            ("gluon_int8_smooth_q_sel_off", "gluon_int8"),
+                                            ("gluon_int8_smooth_q_sel", "gluon_int8_smooth_q")])
 def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
-    """Q smoothing's per-slice switch launches gluon_pingpong once per setting with a per-program early return
-    (``TERM_SEL``): its key loops must be the single-setting kernel's, instruction for instruction by opcode."""
+    """Q smoothing's per-slice switch launches gluon_pingpong (and the INT8 kernel) once per setting with a per-program
+    early return (``TERM_SEL``): its key loops must be the single-setting kernel's, instruction for instruction by
+    opcode."""
     counts = {}
     for name in (switched, plain):
         fn, kwargs = kernel_sass.CONFIGS[name]

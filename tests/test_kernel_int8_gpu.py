@@ -130,6 +130,30 @@ def test_each_stage_a_exponential_matches_its_reference(exponential, case):
 
 
 @pytest.mark.parametrize("exponential", ["schraudolph", "exact"])
+def test_the_switch_gives_each_head_the_kernel_output_of_its_setting(exponential):
+    """Q smoothing's per-slice switch: the kernel runs once per setting, so the heads the switch leaves out get the
+    bits of the recipe without Q smoothing and the heads it takes those of Q smoothing on every slice."""
+    from fsattn_diffusers.kernels.ops_int8 import fused_attention_int8
+
+    g = torch.Generator().manual_seed(11)
+    q, k, v = (torch.randn(1, 4, s, 128, generator=g) for s in (640, 520, 520))
+    q[:, 1::2] += 3.0  # odd heads share a query offset, even heads none
+    q, k, v = (t.bfloat16().cuda() for t in (q, k, v))
+    kv = torch.tensor([400], dtype=torch.int32, device="cuda")
+    base = RECIPE.replace(exponential=exponential)
+    outs = {name: fused_attention_int8(q, k, v, r, scale=128 ** -0.5, kv_lens=kv, return_lse=True)[:2]
+            for name, r in (("auto", base.replace(smooth_q=True)), ("off", base),
+                            ("every slice", base.replace(smooth_q=True, smooth_q_min_ratio=0.0)))}
+    for heads, other in ((slice(0, None, 2), "off"), (slice(1, None, 2), "every slice")):
+        (o1, l1), (o2, l2) = outs["auto"], outs[other]
+        d_out = float((o1[:, heads].float() - o2[:, heads].float()).abs().max())
+        print(f"{exponential}: heads {heads} against smooth_q {other}: max |out diff| {d_out:.3e}, "
+              f"|lse diff| {float((l1[:, heads] - l2[:, heads]).abs().max()):.3e}")
+        assert torch.equal(o1[:, heads], o2[:, heads]) and torch.equal(l1[:, heads], l2[:, heads])
+    _check(q, k, v, kv_lens=kv, label=f"switch {exponential}", recipe=base.replace(smooth_q=True))
+
+
+@pytest.mark.parametrize("exponential", ["schraudolph", "exact"])
 @pytest.mark.parametrize("case", ["offset_direction_qk", "offset_uniform_q", "gaussian", "kv_lens"])
 def test_q_smoothing_matches_its_reference(exponential, case):
     """``smooth_q`` (sm90_numerics difference 12): the key term in the kernel's scores, the switch's slices."""

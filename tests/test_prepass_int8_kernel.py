@@ -31,7 +31,7 @@ def test_codes_and_scales_are_the_references(b, h, s, d, kv_lens, dtype):
     k[..., 5] += 4.0  # a shared offset for K smoothing to remove
     before = [t.clone() for t in (q, k, v)]
     kvl = torch.tensor(kv_lens, dtype=torch.int32, device=DEV) if kv_lens else None
-    q8, qs, k8, ks, v16, _, _ = prepass_int8(q, k, v, d ** -0.5, kvl)
+    q8, qs, k8, ks, v16, _, _, _ = prepass_int8(q, k, v, d ** -0.5, kvl)
     valid = valid_prefix(kvl, s, q.device)
     qi, ki, _, _ = smooth_inputs(q, k, RECIPE, d ** -0.5, valid, None)
     qo, ko, vo, *_ = numerics_for(RECIPE).operands(qi, ki, v, d ** -0.5, valid)
@@ -75,7 +75,8 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
     k[..., 5] += 4.0
     kvl = torch.tensor([170], dtype=torch.int32, device=DEV)
     recipe = RECIPE.replace(smooth_q=True, smooth_q_min_ratio=min_ratio)
-    q8, qs, k8, ks, v16, _, bias = prepass_int8(q, k, v, d ** -0.5, kvl, smooth_q_ratio2=q_smoothing_ratio2(min_ratio))
+    q8, qs, k8, ks, v16, _, bias, q_sel = prepass_int8(q, k, v, d ** -0.5, kvl,
+                                                      smooth_q_ratio2=q_smoothing_ratio2(min_ratio))
     valid = valid_prefix(kvl, s, q.device)
     qi, ki, ref_bias, _ = smooth_inputs(q, k, recipe, d ** -0.5, valid, None)
     qo, ko, *_ = numerics_for(recipe).operands(qi, ki, v, d ** -0.5, valid, ref_bias)
@@ -88,3 +89,6 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
     assert rel < 1e-5 and bool((bias[:, :, 170:] == 0).all())
     if min_ratio > 0:  # the slices without a shared offset keep Q as it is and no term
         assert bool((bias[:, [0, 2]] == 0).all()) and bool((bias[:, 1, :170] != 0).any())
+        assert q_sel.tolist() == [0, 1, 0]  # the kernel's launch per setting reads it
+    else:
+        assert q_sel is None
