@@ -46,11 +46,13 @@ def test_the_key_count_is_never_a_compile_time_constant():
 @pytest.mark.parametrize("switched,plain", [("gluon_pingpong_smooth_q_sel_off", "gluon_pingpong"),
                                             ("gluon_pingpong_smooth_q_sel", "gluon_pingpong_smooth_q"),
                                             ("gluon_int8_smooth_q_sel_off", "gluon_int8"),
-                                            ("gluon_int8_smooth_q_sel", "gluon_int8_smooth_q")])
+                                            ("gluon_int8_smooth_q_sel", "gluon_int8_smooth_q"),
+                                            ("gluon_int8_exact_smooth_q_sel_off", "gluon_int8_exact"),
+                                            ("gluon_int8_exact_smooth_q_sel", "gluon_int8_exact_smooth_q")])
 def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
     """Q smoothing's per-slice switch launches gluon_pingpong (and the INT8 kernel) once per setting with a per-program
-    early return (``TERM_SEL``): its key loops must be the single-setting kernel's, instruction for instruction by
-    opcode."""
+    early return (``TERM_SEL``): its key loops must hold the single-setting kernel's instructions (counts per opcode;
+    the order may differ, and with it the speed: benchmarks/NOTES.md §20)."""
     counts = {}
     for name in (switched, plain):
         fn, kwargs = kernel_sass.CONFIGS[name]

@@ -138,7 +138,8 @@ def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
 
 
 #: Configurations whose spills (ptxas's spill-store bytes) must lie outside the key loops.
-SPILLS_OUTSIDE_LOOPS = ("gluon_int8_smooth_q", "gluon_int8_exact_smooth_q", "gluon_int8_smooth_q_sel")
+SPILLS_OUTSIDE_LOOPS = ("gluon_int8_smooth_q", "gluon_int8_exact_smooth_q", "gluon_int8_smooth_q_sel",
+                        "gluon_int8_exact_smooth_q_sel")
 CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8": (compile_triton, {}),
     "triton_mxfp8_paper": (compile_triton, dict(recipe="mxfp8-paper")),
@@ -168,6 +169,10 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     # the per-slice switch: one launch per setting, the other slices' programs returning at once
     "gluon_int8_smooth_q_sel": (compile_gluon_int8, dict(HAS_BIAS=True, TERM_SEL=True)),
     "gluon_int8_smooth_q_sel_off": (compile_gluon_int8, dict(HAS_BIAS=False, TERM_SEL=True)),
+    "gluon_int8_exact_smooth_q_sel": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact", HAS_BIAS=True,
+                                                              TERM_SEL=True)),
+    "gluon_int8_exact_smooth_q_sel_off": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact",
+                                                                  HAS_BIAS=False, TERM_SEL=True)),
 }
 
 
