@@ -31,7 +31,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
                                                               warpgroup_mma_wait)
 
 from .fused_attention_gluon_pingpong import (LN2, MAGIC, ONES_N, WG_ROWS, _key_tile, _lowering_trigger,
-                                             _record_rollback, _rollback_reference, _warp_any, _warp_vote_declare)
+                                             _record_rollback, _rollback_reference, _runs_this_launch, _warp_any,
+                                             _warp_vote_declare)
 from .gluon_mxfp6_p import D_BITS
 
 # 1.5 * 2^23 as fp32 bits: an int32 s < 2^22 in magnitude added to them gives the fp32 value 1.5 * 2^23 + s.
@@ -312,10 +313,7 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     if DIAGONAL:
         j0 = (pid_m * n_tiles) // (SQP // 128)
 
-    run = True
-    if TERM_SEL:  # one of two launches: the slices whose switch (TSEL) matches HAS_BIAS
-        run = (gl.load(TSEL + bh) != 0) == HAS_BIAS
-    if run:
+    if _runs_this_launch(TSEL, bh, HAS_BIAS, TERM_SEL):
         q_smem = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BN, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)

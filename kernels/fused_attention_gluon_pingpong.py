@@ -185,6 +185,15 @@ def _key_tile(j, j0, n_tiles, DIAGONAL: gl.constexpr):
 
 
 @gluon.jit
+def _runs_this_launch(TSEL, bh, SETTING: gl.constexpr, TERM_SEL: gl.constexpr):
+    """Whether slice ``bh`` works in this launch: always, or (``TERM_SEL``) if its switch TSEL equals ``SETTING``."""
+    run = True
+    if TERM_SEL:
+        run = (gl.load(TSEL + bh) != 0) == SETTING
+    return run
+
+
+@gluon.jit
 def _load_kv(k_desc, v_desc, kx_desc, k_smem, v_smem, kx_smem, kvbar, slot, tile, krow0, vrow0, pred,
              BN: gl.constexpr, KEY_TERM: gl.constexpr):
     """K and V (``KEY_TERM``: and the key term's Kx) of key tile ``tile`` into ``slot``, all on the slot's one mbarrier
@@ -418,9 +427,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
         int32 the shift G: the tile ``2^(-QE - G)`` is loaded, or the zero tile below 2^QX_MIN_LOG2.
     kx_desc : (``KEY_TERM``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
     Without ``KEY_TERM`` both may be any descriptor (ones_desc); they are not read.
-    TSEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch (kernels.token_mean). The host launches the
-        kernel twice, ``KEY_TERM`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``KEY_TERM``
-        returns before any work, so each slice runs the key loop of its setting (the term is 0 where TSEL is 0).
+    TSEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch (kernels.token_mean): launched with ``KEY_TERM``
+        False, then True, a slice works only in the launch of its setting (the term is 0 where TSEL is 0).
     DIAGONAL : ``Recipe.key_order == "diagonal"``: query tile ``pid_m`` visits the key tiles from
         ``floor(pid_m * n_tiles / (SQP / 128))`` on (``n_tiles`` those holding valid keys), else from tile 0.
     M_OFFSET : doublings added to the frozen reference (``Recipe.frozen_max_offset_log2``, a multiple of 1/128).
@@ -437,10 +445,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     if DIAGONAL:
         j0 = (pid_m * n_tiles) // (SQP // 128)
 
-    run = True
-    if TERM_SEL:  # one of two launches: the slices whose switch (TSEL) matches KEY_TERM
-        run = (gl.load(TSEL + bh) != 0) == KEY_TERM
-    if run:
+    if _runs_this_launch(TSEL, bh, KEY_TERM, TERM_SEL):
         q_smem = gl.allocate_shared_memory(gl.float8e4nv, [2, WG_ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, BN, D], k_desc.layout)
         v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BN], v_desc.layout)

@@ -122,21 +122,19 @@ fuzz_slices() {  # FSATTN_FUZZ_JOBS pytest processes on the one GPU, slice j of 
 }
 
 test_files_side_by_side() {  # one pytest process per test file, all on the one GPU at once; then one log, file by file
-  local f j rc=0 pids=()
-  for j in $(seq 0 $(($# - 1))); do
-    f=${@:$((j + 1)):1}
-    timeout "${LIMIT:-560}" python3 -m pytest -q -s -p no:cacheprovider "$f" "${EXTRA[@]}" > "$OUT/gpu_tests_file$j.log" 2>&1 &
+  local files=("$@") j frc rc=0 pids=()
+  for j in "${!files[@]}"; do
+    timeout "${LIMIT:-560}" python3 -m pytest -q -s -p no:cacheprovider "${files[$j]}" "${EXTRA[@]}" \
+      > "$OUT/gpu_tests_file$j.log" 2>&1 &
     pids+=($!)
   done
-  j=0
-  for f in "$@"; do
-    local frc=0
+  for j in "${!files[@]}"; do
+    frc=0
     wait "${pids[$j]}" || frc=$?
-    echo "-- $f: pytest rc=$frc$([[ $frc == 124 ]] && echo ' (timed out)')"
+    echo "-- ${files[$j]}: pytest rc=$frc$([[ $frc == 124 ]] && echo ' (timed out)')"
     cat "$OUT/gpu_tests_file$j.log"
     rm -f "$OUT/gpu_tests_file$j.log"
     ((frc == 0)) || rc=1
-    j=$((j + 1))
   done
   return $rc
 }
