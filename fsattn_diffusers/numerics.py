@@ -122,7 +122,7 @@ class SM90Numerics(MI355XNumerics):
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
         """The PV operand and the key tile's row sum of the quantized P (sm90_numerics differences 4, 5)."""
         fmt = self.recipe.p_format
-        if fmt == PFormat.MXFP6:  # the kernels take MXFP6 P's own rule only (kernels.plan refuses another)
+        if fmt == PFormat.MXFP6:  # the kernels take MXFP6 P's own rule only (kernels.sm90.plan refuses another)
             p = fake_quantize_mx(p, fmt.element, axis=-1, rule=fmt.default_scale_rule, block=fmt.keys_per_scale(0))
             return self._sm90.e4m3(p), p.sum(dim=-1)
         p8 = self._sm90.e4m3(p)
@@ -134,7 +134,7 @@ INT8_EXPONENTIALS = (Exponential.SCHRAUDOLPH, Exponential.EXACT)
 
 
 class SM90Int8Numerics(MI355XNumerics):
-    """The Hopper INT8 Q/K kernel (``kernels/fused_attention_gluon_int8.py``, sm90_numerics difference 10): exact
+    """The Hopper INT8 Q/K kernel (``kernels/sm90/fused_attention_gluon_int8.py``, sm90_numerics difference 10): exact
     integer scores times ``float32(s_q s_k)``, the reference on the 1/128 grid, Stage-A's BF16 pattern itself as P
     (``eps' = 7/128``), BF16 V, the gate at the recipe's cap (BF16 P has the range)."""
 

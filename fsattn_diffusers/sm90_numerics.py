@@ -90,9 +90,9 @@ from .recipe import Recipe
 
 #: Rows of a query tile and keys of a key tile of the sm_90 kernel.
 TILE = 128
-#: Headroom t0 of each MX element format under E4M3 (kernels.plan.CARRY_T0).
+#: Headroom t0 of each MX element format under E4M3 (kernels.sm90.plan.CARRY_T0).
 CARRY_T0 = {"mxfp8": 0, "mxfp6": 5, "mxfp4": 6}
-#: Gate cap and P scales (kernels.plan): the P formats the Hopper kernels take and the fixed per-row power of two
+#: Gate cap and P scales (kernels.sm90.plan): the P formats the Hopper kernels take and the fixed per-row power of two
 #: ``2^sigma`` each carries P at (difference 3).
 P_HEADROOM_LOG2 = 4
 P_SIGMA = {PFormat.FP8_ROW: 8 - P_HEADROOM_LOG2, PFormat.MXFP6: 7 - P_HEADROOM_LOG2}
@@ -209,7 +209,8 @@ def key_term(bias: torch.Tensor, ke: torch.Tensor, valid: Optional[torch.Tensor]
 def key_term_shift(amax: torch.Tensor) -> torch.Tensor:
     """The shift G (int32, amax's shape): the largest integer with ``amax 2^G <= KEY_TERM_CAP``, from amax's float32
     bits (``amax = m 2^e``, m in [1, 2): G is ``e_cap - e``, one less where ``m`` exceeds the capacity's mantissa),
-    clamped to +-KEY_TERM_G_MAX; KEY_TERM_G_MAX where amax is 0 (or NaN). kernels/key_term.py computes it the same way.
+    clamped to +-KEY_TERM_G_MAX; KEY_TERM_G_MAX where amax is 0 (or NaN).
+    kernels/sm90/key_term.py computes it the same way.
     """
     bits = amax.to(torch.float32).contiguous().view(torch.int32)
     e = ((bits >> 23) & 0xFF) - 127
@@ -281,7 +282,7 @@ def stage_a_h15(x: torch.Tensor, m: torch.Tensor, sigma: int) -> torch.Tensor:
 
 
 def mxfp6_p_scaled_e4m3(p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The ``fast`` kernel's Stage-B for MXFP6 P (kernels.fused_attention._stage_ab_fast), in PyTorch.
+    """The ``fast`` kernel's Stage-B for MXFP6 P (kernels.sm90.fused_attention._stage_ab_fast), in PyTorch.
 
     ``p`` (..., 32k): non-negative BF16-valued float32 (Stage-A values), blocks of 32 along the last axis.
     Returns ``(p8, block_sums)``: the PV operand values and the per-block sums of the MXFP6 values.

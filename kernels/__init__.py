@@ -1,4 +1,8 @@
-"""Triton and Gluon kernels; installed as ``fsattn_diffusers.kernels`` (see ``pyproject.toml``).
+"""Triton and Gluon kernels by hardware target; installed as ``fsattn_diffusers.kernels`` (see ``pyproject.toml``).
+
+* ``sm90/``: the Hopper kernels (wgmma), their pre-passes, plan and host code;
+* beside it, Triton pieces any CUDA target shares: ``common`` (bit-construction and rounding helpers, the masked
+  row load), ``token_mean`` (the smoothing mean), ``nonfinite_flags``, ``rope`` (Wan's rotary embedding).
 
 Run from a checkout's root, ``import kernels`` finds this folder before site-packages. Imported under that
 top-level name, the folder hands the import on to whatever else provides ``kernels`` (Hugging Face's package,

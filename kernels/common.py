@@ -7,9 +7,6 @@ from __future__ import annotations
 import triton
 import triton.language as tl
 
-from fsattn_diffusers import sm90_numerics
-from fsattn_diffusers.recipe import ROLLBACK_FLOOR_LIMIT_LOG2
-
 # fp32 bit fields.
 F32_EXP_MASK = 0x7F800000
 F32_MANT_ONES = 0x007FFFFF
@@ -20,21 +17,8 @@ ROUND_UP_175_ADD = 0x00200000
 RNE_MAGIC = tl.constexpr(12582912.0)
 # 1.5 * 2^22, whose ulp is 0.5: the same for E2M1's quantum below 2 (round_e2m1).
 E2M1_MAGIC = tl.constexpr(6291456.0)
-# How far below the row's highest reference a lowering may take it (both kernels; recipe.ROLLBACK_FLOOR_LIMIT_LOG2).
-FLOOR_LIMIT = tl.constexpr(float(ROLLBACK_FLOOR_LIMIT_LOG2))
-# MXFP6 P's Stage-B (both kernels; sm90_numerics.mxfp6_p_scaled_e4m3): E2M3's largest value 7.5 with the block scale
-# mapped onto E4M3's smallest normal 2^-6; 128 * 7, the smallest exponent field taken for a block (E = 7); and
-# 2^23 + 128 * 123, so that (2^23 + 128 E) - MXFP6_ANCHOR_OFFSET = 128 (E - 123) exactly.
-E2M3_MAX_SCALED = tl.constexpr(0.1171875)
-MXFP6_E128_MIN = tl.constexpr(896)
-MXFP6_ANCHOR_OFFSET = tl.constexpr(8388608.0 + 15744.0)
 # 2^-6: E2M3's grid times it is E4M3's from E4M3's subnormals up (the pre-pass's round_e2m3_scaled).
 E2M3_TO_E4M3 = tl.constexpr(0.015625)
-# Q smoothing's key term through a chained wgmma (both kernels; sm90_numerics difference 9): its K (columns of Qx/Kx)
-# and the range of Qx = 2^(-QE - G) that E4M3 holds exactly; below it the query tile drops the term.
-KEY_TERM_COLS = tl.constexpr(sm90_numerics.KEY_TERM_COLS)
-QX_MIN_LOG2 = tl.constexpr(sm90_numerics.QX_MIN_LOG2)
-QX_MAX_LOG2 = tl.constexpr(sm90_numerics.QX_MAX_LOG2)
 
 
 @triton.jit

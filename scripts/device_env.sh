@@ -75,7 +75,7 @@ python3 - "$PWD" <<'PY' || { echo "device_env.sh: the package is not importable 
 import os, sys
 if sys.version_info < (3, 11):
     sys.exit(f"Python {sys.version.split()[0]}: PYTHONSAFEPATH needs >= 3.11 (else the repository shadows the package)")
-import fsattn_diffusers.kernels.plan as plan
+import fsattn_diffusers.kernels.sm90.plan as plan
 where = os.path.realpath(plan.__file__)
 if not where.startswith(os.path.join(sys.argv[1], "kernels") + os.sep):
     sys.exit(f"fsattn_diffusers.kernels resolves to {where}, not {sys.argv[1]}/kernels")

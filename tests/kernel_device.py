@@ -54,8 +54,8 @@ def kernel_on_operands(q, k, v, recipe_name, kv, variant, q_lens=None):
     """``(out, lse, stats, ops)``: the attention kernel ``variant`` (gluon_pingpong or triton) on the operands its
     pre-pass writes for ``recipe_name``, the allocator poisoned and out (B, H, S_q, D) / lse (B, H, S_q) NaN-filled
     first; the LSE is that of the unsmoothed scores (K smoothing's offset added back), as the public call returns it."""
-    from fsattn_diffusers.kernels.ops import attention_from_operands, prepass
-    from fsattn_diffusers.kernels.plan import plan_for
+    from fsattn_diffusers.kernels.sm90.ops import attention_from_operands, prepass
+    from fsattn_diffusers.kernels.sm90.plan import plan_for
     from fsattn_diffusers.recipe import get_recipe
     from fsattn_diffusers.smoothing import lse_offset
 

@@ -7,7 +7,7 @@ import pytest
 
 from fsattn_diffusers import api, exponent, formats, operands, recipe, sm90_numerics
 from fsattn_diffusers.backends import fa3_backend
-from fsattn_diffusers.kernels import plan
+from fsattn_diffusers.kernels.sm90 import plan
 
 
 def test_library_modules_share_one_definition():
@@ -32,7 +32,8 @@ def test_kernel_plan_takes_the_reference_values():
 
 def test_kernel_constexprs_equal_the_reference():
     pytest.importorskip("triton")
-    from fsattn_diffusers.kernels import common, fused_attention, fused_attention_gluon_pingpong as gluon, prepass
+    from fsattn_diffusers.kernels import common
+    from fsattn_diffusers.kernels.sm90 import constants, fused_attention, fused_attention_gluon_pingpong as gluon, prepass
 
     assert prepass.KEY_TILE == sm90_numerics.TILE
     assert common.RNE_MAGIC.value == 1.5 * 2 ** 23
@@ -43,7 +44,7 @@ def test_kernel_constexprs_equal_the_reference():
     assert fp32_ulp == 2.0 ** (e2m1.emin - e2m1.mbits) and common.E2M1_MAGIC.value == 1.5 * 2 ** 22
     assert e2m3.mbits == e4m3.mbits
     assert common.E2M3_TO_E4M3.value == 2.0 ** (e4m3.emin - e2m3.emin)
-    assert common.E2M3_MAX_SCALED.value == e2m3.max_value * common.E2M3_TO_E4M3.value
+    assert constants.E2M3_MAX_SCALED.value == e2m3.max_value * common.E2M3_TO_E4M3.value
     assert fused_attention.D_BITS.value == sm90_numerics.D_BITS
     assert fused_attention.F16_MAX_BITS.value == sm90_numerics.F16_MAX_BITS
     assert gluon.D_BITS_F16.value == sm90_numerics.D_BITS_F16

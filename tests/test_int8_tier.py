@@ -7,7 +7,7 @@ import torch
 import fsattn_diffusers as fa
 from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.formats import INT8_MAX, fake_quantize_int8_rows
-from fsattn_diffusers.kernels.plan import unsupported_reason
+from fsattn_diffusers.kernels.sm90.plan import unsupported_reason
 from fsattn_diffusers.measure.structured_inputs import FAMILIES
 from fsattn_diffusers.recipe import PRESETS, get_recipe
 from fsattn_diffusers.testing import exact_attention, relative_error

@@ -29,15 +29,15 @@ def test_kernel_compiles_for_sm90a_without_spills(name):
 
 
 def test_the_key_count_is_never_a_compile_time_constant():
-    # S_k == 1 compiled as a constant gave NaN / varying outputs on the H200 (see kernels/fused_attention.py).
-    from fsattn_diffusers.kernels.fused_attention import fsattn_fwd_kernel
+    # S_k == 1 compiled as a constant gave NaN / varying outputs on the H200 (see kernels/sm90/fused_attention.py).
+    from fsattn_diffusers.kernels.sm90.fused_attention import fsattn_fwd_kernel
 
     params = {p.name: p for p in getattr(fsattn_fwd_kernel, "params", [])}
     if not params:
         pytest.skip("Triton's interpreter: no specialization")
     assert params["SK"].do_not_specialize
     assert not params["SQP"].do_not_specialize  # the rest keep Triton's specialization
-    from fsattn_diffusers.kernels.fused_attention_gluon_int8 import fsattn_fwd_gluon_int8_kernel
+    from fsattn_diffusers.kernels.sm90.fused_attention_gluon_int8 import fsattn_fwd_gluon_int8_kernel
 
     params = {p.name: p for p in fsattn_fwd_gluon_int8_kernel.params}
     assert params["SK"].do_not_specialize and not params["SQP"].do_not_specialize
@@ -74,7 +74,7 @@ def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
 @pytest.mark.parametrize("name", ["gluon_pingpong_smooth_q", "gluon_pingpong_mxfp6_smooth_q"])
 def test_the_key_term_is_summed_before_the_scores_are_chained_on_it(name):
     """Q smoothing's K = 32 term wgmma starts from a zero accumulator and the score GEMM is chained on its result
-    (why: kernels/fused_attention_gluon_pingpong.py, ``_issue_scores``; the other order left four H200 fuzz cases
+    (why: kernels/sm90/fused_attention_gluon_pingpong.py, ``_issue_scores``; the other order left four H200 fuzz cases
     2.0-2.6% from the sm90 reference). Only the IR shows the order: the SASS of both has the same opcodes."""
     import re
 
@@ -103,7 +103,7 @@ def test_the_int8_pre_pass_compiles_for_sm90a_without_spills(kernel, const):
     import triton
     from triton.compiler import ASTSource
 
-    from fsattn_diffusers.kernels import prepass_int8
+    from fsattn_diffusers.kernels.sm90 import prepass_int8
 
     fn = getattr(prepass_int8, kernel)
     types = dict(kernel_sass.TYPES, X="*bf16", V="*bf16", OUT="*i8" if kernel == "_int8_qk_kernel" else "*bf16",
@@ -122,7 +122,7 @@ def test_the_int8_pre_pass_compiles_for_sm90a_without_spills(kernel, const):
 def test_the_int8_kernel_settings_travel_as_a_string_that_torch_compile_builds_in_graph():
     import torch
 
-    from fsattn_diffusers.kernels.ops_int8 import parse_settings_key, launch_args, settings_key
+    from fsattn_diffusers.kernels.sm90.ops_int8 import parse_settings_key, launch_args, settings_key
     from fsattn_diffusers.recipe import get_recipe
 
     from fsattn_diffusers.smoothing import q_smoothing_ratio2

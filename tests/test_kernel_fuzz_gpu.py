@@ -6,8 +6,8 @@ Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0
 go to stdout and, when set, to the file ``FSATTN_FUZZ_LOG``.
 ``FSATTN_FUZZ_SLICE=a:b`` runs cases a..b-1 of the same seeded list (on the H200 a case takes ~1-7 s, cold compiles
 included: `scripts/gpu_suite_h200.sh fuzz` runs slices in several processes side by side on the one GPU).
-Variants: kernels.ops.VARIANTS (``gluon_pingpong`` runs ``triton`` where it does not apply), plus ``api``: the
-public custom-op path (``kernels.ops.fused_attention``, the default variant) with the allocator poisoned.
+Variants: kernels.sm90.ops.VARIANTS (``gluon_pingpong`` runs ``triton`` where it does not apply), plus ``api``: the
+public custom-op path (``kernels.sm90.ops.fused_attention``, the default variant) with the allocator poisoned.
 ``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1`` runs it on the CPU through Triton's interpreter (slow: use a
 few cases and a small work cap, e.g. ``FSATTN_FUZZ_CASES=9 FSATTN_FUZZ_MAX_WORK=16384``).
 """
@@ -29,16 +29,16 @@ from fsattn_diffusers.measure.kernel_fuzz import MAX_WORK, case_line, generate_c
 from fsattn_diffusers.recipe import PRESETS, get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import lse_offset  # noqa: E402
 
-from fsattn_diffusers.kernels.ops import (VARIANTS, attention_from_operands, effective_variant,  # noqa: E402
+from fsattn_diffusers.kernels.sm90.ops import (VARIANTS, attention_from_operands, effective_variant,  # noqa: E402
                                           fused_attention, prepass)
-from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason  # noqa: E402
+from fsattn_diffusers.kernels.sm90.plan import plan_for, unsupported_reason  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 #: Every preset the kernels run (the default ones switch Q smoothing per slice, so their inputs give Q's even heads a
 #: shared offset, kernel_fuzz.SWITCH_Q_OFFSET, and both of the kernel's launches run), Rowmax-H15 (the kernels' second
 #: exponential) and Q smoothing on every slice (its key term, a wgmma the score GEMM is chained on in gluon_pingpong:
 #: with fp8_row P and the lowering gate, and with MXFP6 P).
-#: The INT8 Q/K preset runs its own kernel (kernels/fused_attention_gluon_int8.py, every variant; Gluon has no
+#: The INT8 Q/K preset runs its own kernel (kernels/sm90/fused_attention_gluon_int8.py, every variant; Gluon has no
 #: interpreter, so not on the CPU), also with the hardware exponential and with Q smoothing.
 RECIPES = tuple(n for n, r in PRESETS.items() if unsupported_reason(r, 128) is None and unsupported_reason(r, 64) is None
                 and (r.qk_format != "int8" or not CPU_INTERPRET)
@@ -59,7 +59,7 @@ def _runs(recipe: str, variant: str) -> str:
 
 def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
     if get_recipe(recipe).qk_format == "int8":  # one kernel: the public entry for "api", its launch for the rest
-        from fsattn_diffusers.kernels.ops_int8 import fused_attention_int8
+        from fsattn_diffusers.kernels.sm90.ops_int8 import fused_attention_int8
 
         if variant == "api":
             torch.full((64 << 20,), float("nan"), device=DEV)  # freed at once: torch.empty hands back NaN

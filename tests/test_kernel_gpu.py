@@ -33,9 +33,9 @@ from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 from fsattn_diffusers.testing import (KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, errors_agree,  # noqa: E402
                                       exact_attention, within_kernel_rule)
 
-from fsattn_diffusers.kernels.fused_attention import _stage_ab_h15  # noqa: E402
-from fsattn_diffusers.kernels.ops import attention_from_operands, fused_attention, prepass  # noqa: E402
-from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
+from fsattn_diffusers.kernels.sm90.fused_attention import _stage_ab_h15  # noqa: E402
+from fsattn_diffusers.kernels.sm90.ops import attention_from_operands, fused_attention, prepass  # noqa: E402
+from fsattn_diffusers.kernels.sm90.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 
 pytestmark = pytest.mark.gpu
@@ -274,7 +274,7 @@ def _a_fragment_position(c: torch.Tensor) -> torch.Tensor:
 def test_permuted_v_is_a_key_permutation(recipe):
     """The attention kernels' V operand (PERM_V) holds the same bytes as the plain one, keys of every aligned group
     of 16 at position c0 + 2 c3 + 4 c1 + 8 c2 (bits of the key index c mod 16)."""
-    from fsattn_diffusers.kernels.prepass import prepare_v
+    from fsattn_diffusers.kernels.sm90.prepass import prepare_v
 
     g = torch.Generator().manual_seed(3)
     v = torch.randn(2, 3, 300, 128, generator=g).to(torch.bfloat16).to(DEV)
@@ -340,7 +340,7 @@ def test_gluon_variant_covers_the_gated_recipes_and_falls_back_otherwise():
     """The gated Schraudolph recipes (mxfp8, mxfp6, mxfp4: fp8_row and MXFP6 P) run the gluon variant on a GPU; no gate
     and Rowmax-H15 run the triton kernel when the gluon variant is asked for; an unknown variant name is one clear
     error."""
-    from fsattn_diffusers.kernels.ops import effective_variant
+    from fsattn_diffusers.kernels.sm90.ops import effective_variant
 
     want = "triton" if CPU_INTERPRET else "gluon_pingpong"
     for name in RECIPES:
@@ -424,7 +424,7 @@ def _h15_probe(X, P, S, C, H15_EXP: tl.constexpr, RNE: tl.constexpr):
 def test_h15_stage_ab_is_the_e4m3_of_the_reference_weight_for_every_n():
     """The kernel's Rowmax-H15 Stage-A/B (E4M3 rounding done on n) against sm90_numerics' weight then E4M3, for every
     n from the clamp to the gate's top (2 (X - m) = -250 .. 6 in 1/8 steps, 8, -300, -inf; NaN on a GPU)."""
-    sigma = 4  # fp8_row P (kernels.plan.P_SIGMA_FP8)
+    sigma = 4  # fp8_row P (kernels.sm90.plan.P_SIGMA_FP8)
     x = (torch.arange(16 * 128, dtype=torch.float32) * 0.125 - 250.0).reshape(16, 128)  # 2X - 2m = -250 .. 5.875
     x[0, 0], x[0, 2], x[15, 127] = float("-inf"), -300.0, 8.0  # the clamp; the gate's top
     if not CPU_INTERPRET:  # a GPU's max drops NaN (masked keys of gluon_pingpong); the interpreter's numpy keeps it

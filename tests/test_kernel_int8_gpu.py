@@ -1,4 +1,4 @@
-"""The INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) on an sm_90 GPU, against its reference
+"""The INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) on an sm_90 GPU, against its reference
 (:class:`fsattn_diffusers.numerics.SM90Int8Numerics`, ``sm90_reference_attention``) and exact attention.
 
 Rule (fsattn_diffusers.testing): the kernel's error against exact attention equals the reference's within
@@ -92,7 +92,7 @@ def test_the_gate_rolls_back_as_the_reference_does():
 
 def test_the_output_buffer_is_fully_written():
     q, k, v = make(1, 2, 200, 333, 128, "bhsd", seed=7)
-    from fsattn_diffusers.kernels.ops_int8 import attention_int8_from_operands, launch_args, prepass_int8
+    from fsattn_diffusers.kernels.sm90.ops_int8 import attention_int8_from_operands, launch_args, prepass_int8
 
     ops = prepass_int8(q, k, v, 128 ** -0.5)
     out = torch.full_like(q, float("nan"))
@@ -133,7 +133,7 @@ def test_each_stage_a_exponential_matches_its_reference(exponential, case):
 def test_the_switch_gives_each_head_the_kernel_output_of_its_setting(exponential):
     """Q smoothing's per-slice switch: the kernel runs once per setting, so the heads the switch leaves out get the
     bits of the recipe without Q smoothing and the heads it takes those of Q smoothing on every slice."""
-    from fsattn_diffusers.kernels.ops_int8 import fused_attention_int8
+    from fsattn_diffusers.kernels.sm90.ops_int8 import fused_attention_int8
 
     g = torch.Generator().manual_seed(11)
     q, k, v = (torch.randn(1, 4, s, 128, generator=g) for s in (640, 520, 520))

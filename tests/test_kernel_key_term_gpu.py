@@ -22,8 +22,8 @@ pytest.importorskip("triton")
 
 from fsattn_diffusers import sm90_numerics  # noqa: E402
 from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
-from fsattn_diffusers.kernels.ops import prepass  # noqa: E402
-from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
+from fsattn_diffusers.kernels.sm90.ops import prepass  # noqa: E402
+from fsattn_diffusers.kernels.sm90.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 from fsattn_diffusers.numerics import numerics_for  # noqa: E402
 from fsattn_diffusers.operands import LOG2E, prequantize_qk  # noqa: E402
@@ -112,8 +112,8 @@ def test_a_query_tile_far_above_the_term_drops_it(variant):
 @pytest.mark.parametrize("skp", [640, 4096] + ([] if CPU_INTERPRET else [20096]))
 @pytest.mark.parametrize("scales", [(1e-3, 5.0), (300.0, 0.0)])
 def test_the_key_term_pass_equals_the_reference_bit_for_bit(scales, skp):
-    """kernels/key_term.py against sm90_numerics.key_term on the same per-key bias and K exponents."""
-    from fsattn_diffusers.kernels.key_term import key_term_operands
+    """kernels/sm90/key_term.py against sm90_numerics.key_term on the same per-key bias and K exponents."""
+    from fsattn_diffusers.kernels.sm90.key_term import key_term_operands
 
     g = torch.Generator().manual_seed(7)
     bias = torch.randn(2, len(scales), skp, generator=g) * torch.tensor(scales).view(1, -1, 1)

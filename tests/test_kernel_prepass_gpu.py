@@ -21,11 +21,11 @@ from fsattn_diffusers.smoothing import q_smoothing_heads  # noqa: E402
 from fsattn_diffusers.smoothing import token_mean as reference_token_mean  # noqa: E402
 from fsattn_diffusers.testing import exact_attention  # noqa: E402
 
-from fsattn_diffusers.kernels.ops import prepass  # noqa: E402
-from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
+from fsattn_diffusers.kernels.sm90.ops import prepass  # noqa: E402
+from fsattn_diffusers.kernels.sm90.plan import plan_for  # noqa: E402
 from fsattn_diffusers.kernels.token_mean import CHUNK, token_mean  # noqa: E402
 from fsattn_diffusers.kernels.common import pow2, shared_exp  # noqa: E402
-from fsattn_diffusers.kernels.prepass import INTERPRET, _round_elems  # noqa: E402
+from fsattn_diffusers.kernels.sm90.prepass import INTERPRET, _round_elems  # noqa: E402
 
 import triton  # noqa: E402
 import triton.language as tl  # noqa: E402
@@ -136,7 +136,7 @@ def test_prepass_flags_equal_the_pytorch_detector_and_leave_the_operands_alone(r
     for a, b_ in zip((q, k, v), before):
         assert torch.equal(a.contiguous().view(torch.uint8), b_.contiguous().view(torch.uint8)), "inputs changed"
     # the flags ride along: the operands of finite inputs are the same with and without them (Kx: the rows of the
-    # slices Q smoothing's switch selects; the others are left unwritten and never loaded, kernels.key_term)
+    # slices Q smoothing's switch selects; the others are left unwritten and never loaded, kernels.sm90.key_term)
     with_flags = prepass(*clean, plan, scale, lens, flags=torch.zeros((12,), dtype=torch.int32, device=DEV))
     without = prepass(*clean, plan, scale, lens)
     for name, a, b_ in zip(with_flags._fields, with_flags, without):

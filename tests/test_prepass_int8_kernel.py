@@ -1,5 +1,5 @@
-"""The INT8 pre-pass (kernels/prepass_int8.py) against the reference's operands (SM90Int8Numerics), on an sm_90 GPU or
-(``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1``) Triton's interpreter.
+"""The INT8 pre-pass (kernels/sm90/prepass_int8.py) against the reference's operands (SM90Int8Numerics), on an sm_90
+GPU or (``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1``) Triton's interpreter.
 
 Rule: codes, scales and V bit for bit (both sides divide by IEEE rules: ``formats.int8_rows``)."""
 
@@ -16,7 +16,7 @@ from fsattn_diffusers.numerics import numerics_for  # noqa: E402
 from fsattn_diffusers.recipe import INT8_BF16, get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 
-from fsattn_diffusers.kernels.ops_int8 import prepass_int8  # noqa: E402
+from fsattn_diffusers.kernels.sm90.ops_int8 import prepass_int8  # noqa: E402
 
 RECIPE = get_recipe(INT8_BF16).replace(numerics="sm90")
 

@@ -86,11 +86,11 @@ def test_installed_packages_of_the_same_names_win(tmp_path):
 def test_our_subpackages_and_entry_points_work_from_the_repository_root(tmp_path):
     out = _run_module(tmp_path, """
     import json
-    import fsattn_diffusers.kernels.plan as plan
+    import fsattn_diffusers.kernels.sm90.plan as plan
     import fsattn_diffusers.pipelines.settings as settings
     print(json.dumps({"plan": plan.__file__, "settings": settings.__file__}))
     """)
-    assert out == {"plan": str(ROOT / "kernels" / "plan.py"), "settings": str(ROOT / "pipelines" / "settings.py")}
+    assert out == {"plan": str(ROOT / "kernels" / "sm90" / "plan.py"), "settings": str(ROOT / "pipelines" / "settings.py")}
 
 
 @pytest.mark.parametrize("argv,usage", [

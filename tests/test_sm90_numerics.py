@@ -5,7 +5,7 @@ import torch
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.emulator import emulate_attention, sm90_reference_attention
-from fsattn_diffusers.kernels.plan import plan_for, unsupported_reason
+from fsattn_diffusers.kernels.sm90.plan import plan_for, unsupported_reason
 from fsattn_diffusers.recipe import PRESETS, get_recipe
 from fsattn_diffusers.testing import exact_attention, relative_error, within_kernel_rule
 

@@ -6,7 +6,7 @@ import torch
 
 from fsattn_diffusers.backends import computed_numerics
 from fsattn_diffusers.emulator import emulate_attention
-from fsattn_diffusers.kernels.plan import unsupported_reason
+from fsattn_diffusers.kernels.sm90.plan import unsupported_reason
 from fsattn_diffusers.numerics import numerics_for
 from fsattn_diffusers.recipe import PRESETS
 

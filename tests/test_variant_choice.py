@@ -1,11 +1,11 @@
-"""``FSATTN_KERNEL_VARIANT`` is read when a call picks its kernel variant, not when kernels.ops is imported."""
+"""``FSATTN_KERNEL_VARIANT`` is read when a call picks its kernel variant, not when kernels.sm90.ops is imported."""
 
 import pytest
 
-pytest.importorskip("triton")  # kernels.ops imports Triton; CI runs this file in its Triton environment
+pytest.importorskip("triton")  # kernels.sm90.ops imports Triton; CI runs this file in its Triton environment
 
-from fsattn_diffusers.kernels import ops  # noqa: E402
-from fsattn_diffusers.kernels.plan import plan_for  # noqa: E402
+from fsattn_diffusers.kernels.sm90 import ops  # noqa: E402
+from fsattn_diffusers.kernels.sm90.plan import plan_for  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS  # noqa: E402
 
 GATED = plan_for(PRESETS["mxfp8"])

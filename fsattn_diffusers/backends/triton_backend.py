@@ -25,19 +25,19 @@ def _available(device):
 
 
 def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None):
-    from ..kernels.plan import unsupported_reason
+    from ..kernels.sm90.plan import unsupported_reason
 
     return unsupported_reason(recipe, q.shape[-1])
 
 
 def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False, q_lens=None):
-    if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py)
-        from ..kernels.ops_int8 import fused_attention_int8
+    if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py)
+        from ..kernels.sm90.ops_int8 import fused_attention_int8
 
         return fused_attention_int8(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
                                     return_stats=return_stats, detect_nonfinite=detect_nonfinite, q_lens=q_lens)
-    from ..kernels.ops import fused_attention  # imports triton: only where the kernel runs
-    from ..kernels.plan import plan_for
+    from ..kernels.sm90.ops import fused_attention  # imports triton: only where the kernel runs
+    from ..kernels.sm90.plan import plan_for
 
     return fused_attention(q, k, v, plan_for(recipe), scale=scale, kv_lens=kv_lens, return_lse=return_lse,
                            return_stats=return_stats, detect_nonfinite=detect_nonfinite, q_lens=q_lens)

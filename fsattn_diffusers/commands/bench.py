@@ -90,7 +90,7 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
     if args.variant:
-        from ..kernels import ops
+        from ..kernels.sm90 import ops
 
         ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
     env = environment(baselines)

@@ -244,8 +244,8 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
 
     from .. import attention
     from ..backends import LAST_RAN
-    from ..kernels.ops import attention_from_operands, prepass
-    from ..kernels.plan import plan_for
+    from ..kernels.sm90.ops import attention_from_operands, prepass
+    from ..kernels.sm90.plan import plan_for
     from ..quality.analysis import sample_rows
     from ..recipe import get_recipe
 
@@ -283,7 +283,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
             return attention(qq, kk, vv, recipe, **lay_args)
         out = torch.empty_like(q)
         if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel and its own pre-pass
-            from ..kernels import ops_int8
+            from ..kernels.sm90 import ops_int8
 
             signs, smooth_k, ratio2, _ = ops_int8.parse_settings_key(ops_int8.settings_key(recipe))
             pre = (lambda a=(signs, smooth_k, None, ratio2): ops_int8.prepass_int8(qq, kk, vv, scale, None, *a))

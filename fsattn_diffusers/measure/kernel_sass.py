@@ -1,6 +1,6 @@
 """Offline sm_90a compile report of the attention kernels (no GPU): registers, spills, shared memory, and SASS
 instruction counts of the steady-state key loop per thread and 128-key tile, for the Triton kernel
-(kernels/fused_attention.py) and the Gluon ping-pong kernel (kernels/fused_attention_gluon_pingpong.py).
+(kernels/sm90/fused_attention.py) and the Gluon ping-pong kernel (kernels/sm90/fused_attention_gluon_pingpong.py).
 
     python -m fsattn_diffusers.measure.kernel_sass [--out DIR] [--only NAME,...] [--list]
 
@@ -26,8 +26,8 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
-from fsattn_diffusers.kernels import ops
-from fsattn_diffusers.kernels.plan import plan_for
+from fsattn_diffusers.kernels.sm90 import ops
+from fsattn_diffusers.kernels.sm90.plan import plan_for
 from fsattn_diffusers.recipe import get_recipe
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
@@ -78,7 +78,7 @@ def _triton_constants(recipe: str) -> dict:
 
 
 def compile_triton(recipe="mxfp8", d=128, num_warps=ops.NUM_WARPS, stages=ops.NUM_STAGES, **const):
-    from fsattn_diffusers.kernels.fused_attention import fsattn_fwd_kernel
+    from fsattn_diffusers.kernels.sm90.fused_attention import fsattn_fwd_kernel
 
     c = dict(D=d, BM=ops.BLOCK_M, BN=ops.BLOCK_N, HAS_KVL=False, WRITE_LSE=False, NUM_STAGES=stages, RNE_CVT=False,
              **_triton_constants(recipe))
@@ -92,7 +92,7 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fsattn_diffusers.kernels import fused_attention_gluon_pingpong as pp
+    from fsattn_diffusers.kernels.sm90 import fused_attention_gluon_pingpong as pp
 
     def desc(rows, cols):
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float8e4nv)
@@ -115,12 +115,12 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
 
 
 def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
-    """The INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) with ``recipe``'s settings."""
+    """The INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) with ``recipe``'s settings."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fsattn_diffusers.kernels import fused_attention_gluon_int8 as k8
-    from fsattn_diffusers.kernels import ops_int8
+    from fsattn_diffusers.kernels.sm90 import fused_attention_gluon_int8 as k8
+    from fsattn_diffusers.kernels.sm90 import ops_int8
 
     def desc(rows, cols, dtype, name):
         return f"tensordesc<{name}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)!r}>"

@@ -17,7 +17,7 @@ from fsattn_diffusers.smoothing import lse_offset
 from .key_term import key_term_operands
 from .plan import KernelPlan, plan_from_key
 from .prepass import INTERPRET, KEY_TILE, padded, prepare_qk, prepare_v
-from .token_mean import token_mean
+from ..token_mean import token_mean
 
 # Query rows per program and key tile of the attention kernel (the paper uses M = 256, N = 128).
 BLOCK_M = 128
@@ -25,11 +25,12 @@ BLOCK_N = KEY_TILE
 NUM_WARPS = 8
 NUM_STAGES = 3
 # Kernel variants, named for what they are (FSATTN_KERNEL_VARIANT picks one; the default covers every recipe):
-# "gluon_pingpong" (default): kernels/fused_attention_gluon_pingpong.py, the gated recipes (mxfp8 with fp8_row P; mxfp6
-#   and mxfp4 with MXFP6 P, kernels/gluon_mxfp6_p.py) in Gluon: two free-running warpgroups per 128-row tile, every GEMM
-#   asynchronous, the softmax of key tile j under the PV GEMM of tile j-1; fp8_row P's row sum on the tensor cores.
+# "gluon_pingpong" (default): kernels/sm90/fused_attention_gluon_pingpong.py, the gated recipes (mxfp8 with fp8_row
+#   P; mxfp6 and mxfp4 with MXFP6 P, kernels/sm90/gluon_mxfp6_p.py) in Gluon: two free-running warpgroups per 128-row
+#   tile, every GEMM asynchronous, the softmax of key tile j under the PV GEMM of tile j-1; fp8_row P's row sum on the
+#   tensor cores.
 #   H200, paper shape, kernel-only, mxfp8: ~945 TFLOP/s.
-# "triton": kernels/fused_attention.py, two warpgroups on one 128-row tile in triton.language, mxfp6 P's Stage-B by
+# "triton": kernels/sm90/fused_attention.py, two warpgroups on one 128-row tile in triton.language, mxfp6 P's Stage-B by
 #   a scaled E4M3 conversion, P's key columns in the FP8 A-fragment order. It runs every recipe the other does not
 #   (no gate, Rowmax-H15) and under the interpreter. H200, paper shape: mxfp8 ~795, mxfp6/mxfp4 ~632 TFLOP/s.
 # Both give the same values up to the row sum's summation order (tests/test_kernel_gpu.py).
@@ -68,7 +69,7 @@ def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
     """
     source = "variant"
     if not variant:
-        variant, source = VARIANT, "kernels.ops.VARIANT"
+        variant, source = VARIANT, "kernels.sm90.ops.VARIANT"
     if not variant:
         variant, source = os.environ.get(VARIANT_ENV) or GLUON_PINGPONG, VARIANT_ENV
     if variant not in VARIANTS:
@@ -79,7 +80,7 @@ def effective_variant(variant: Optional[str], plan: KernelPlan) -> str:
 
 
 class KernelOperands(NamedTuple):
-    """What the pre-pass gives the attention kernel (layouts in :mod:`kernels.prepass`).
+    """What the pre-pass gives the attention kernel (layouts in :mod:`kernels.sm90.prepass`).
 
     Q smoothing's per-key score term (sm90_numerics difference 9), or None each: ``bias`` (B, H, SKP) float32, the
     term in doublings as the triton kernel adds it on the query tiles that keep it; ``kx`` (B * H * SKP, 32) E4M3,
@@ -104,7 +105,7 @@ class KernelOperands(NamedTuple):
 
 def prepass(q, k, v, plan: KernelPlan, scale: float, kv_lens: Optional[torch.Tensor], variant: str = None,
             flags: Optional[torch.Tensor] = None, q_lens: Optional[torch.Tensor] = None) -> KernelOperands:
-    """All operands for the attention kernel (see kernels.prepass), smoothing included. ``flags`` (B * H,) int32,
+    """All operands for the attention kernel (see kernels.sm90.prepass), smoothing included. ``flags`` (B * H,) int32,
     optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf are set to 1, as
     :func:`kernels.nonfinite_flags.flag_nonfinite` flags them, by the pre-pass's own reads. ``q_lens`` (B,) int32,
     optional: Q smoothing's mean and switch count only the queries before it (``smoothing.smooth_inputs``)."""
@@ -197,7 +198,7 @@ def count_rollback_tiles(stats: torch.Tensor, tile_bits: Optional[torch.Tensor])
 
 
 def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages):
-    """kernels/fused_attention_gluon_pingpong.py: 128-row tiles, one 4-warp partition per 64 rows (8 warps)."""
+    """kernels/sm90/fused_attention_gluon_pingpong.py: 128-row tiles, one 4-warp partition per 64 rows (8 warps)."""
     if block_m != 128:
         raise ValueError(f"gluon_pingpong kernel: block_m {block_m}; accepted: 128 (two 64-row warpgroups)")
     from .fused_attention_gluon_pingpong import ONES_N, WG_ROWS, fsattn_fwd_gluon_pingpong_kernel

@@ -2,7 +2,7 @@
 kernel: block maxima, Stage-A on the BF16 grid with one constant per (row, 32-key block), E2M3 rounding by E4M3's
 nearest-even conversion, and the row sum of the MXFP6 values.
 
-The values are those of ``kernels.fused_attention._stage_ab_gated`` (P_MX) and of
+The values are those of ``kernels.sm90.fused_attention._stage_ab_gated`` (P_MX) and of
 :func:`fsattn_diffusers.sm90_numerics.mxfp6_p_scaled_e4m3` (sm90 differences 4 and 5):
 
 * ``E`` = the BF16 exponent field of a block's largest proxy (the FMA and the clamp are monotone, so it is taken on
@@ -27,7 +27,8 @@ from triton.experimental.gluon import language as gl
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.formats import MX_BLOCK
 
-from .common import E2M3_MAX_SCALED, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, RNE_MAGIC
+from ..common import RNE_MAGIC
+from .constants import E2M3_MAX_SCALED, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN
 
 MAGIC = RNE_MAGIC
 # 128 * (127 - eps') with eps' = 7/128: Schraudolph's bias on BF16's 1/128 grid (sm90_numerics.D_BITS).

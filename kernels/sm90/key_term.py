@@ -12,7 +12,8 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import KEY_TERM_COLS, pow2, round_e4m3
+from ..common import pow2, round_e4m3
+from .constants import KEY_TERM_COLS
 
 KEY_TILE = sm90_numerics.TILE
 KEY_TERM_LEAD = tl.constexpr(sm90_numerics.KEY_TERM_LEAD)

@@ -1,7 +1,7 @@
 """Fused-Softmax attention forward in Gluon for Hopper (sm_90), the INT8 Q/K tier (preset ``int8-bf16``): INT8
 scores exact in int32, Stage-A's BF16 proxy itself as the PV operand (no Stage-B), V in BF16.
 
-The structure is :mod:`kernels.fused_attention_gluon_pingpong`'s (two free-running 64-row warpgroups, every wgmma
+The structure is :mod:`kernels.sm90.fused_attention_gluon_pingpong`'s (two free-running 64-row warpgroups, every wgmma
 asynchronous, the softmax of key tile j beside the PV GEMM of tile j-1, one mbarrier per K/V slot, the per-warp gate
 vote, the rare rollback); its helpers are imported from there. What differs, per key tile j:
 
@@ -40,7 +40,7 @@ I2F_BITS = gl.constexpr(0x4B400000)
 I2F_MAGIC = gl.constexpr(12582912.0)
 # Stage-A's grid: 2^7 steps per doubling (BF16's mantissa).
 GRID = gl.constexpr(128.0)
-# Stage-A's exponentials (the EXP2 constexpr; kernels.ops_int8.EXP2_MODE maps Recipe.exponential onto them).
+# Stage-A's exponentials (the EXP2 constexpr; kernels.sm90.ops_int8.EXP2_MODE maps Recipe.exponential onto them).
 EXP2_SCHRAUDOLPH = gl.constexpr(0)
 EXP2_HW = gl.constexpr(1)
 
@@ -195,7 +195,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
               k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT, LSE, STATS, FLAGS,
               NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
-    (``kernels.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores and BF16 P/V)."""
+    (``kernels.sm90.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores and BF16 P/V)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
     D: gl.constexpr = k_smem.shape[2]
@@ -293,7 +293,8 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     k_desc : of K8 (B*H*SKP, D) int8, block (BN, D); KS (B*H*SKP/BN) fp32 its per-tile scales.
     v_desc : of V16 (B*H*SKP, D) bf16, block (BN, D), zero rows past the valid keys.
     ones_desc : of an (8, BN) BF16 tensor of ones: the row sum's B operand.
-    DIAGONAL, M_OFFSET, CAP, FLOOR : as :func:`kernels.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
+    DIAGONAL, M_OFFSET, CAP, FLOOR : as
+        :func:`kernels.sm90.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
     BIAS, HAS_BIAS : Q smoothing's per-key term (B*H*SKP) fp32 in doublings, added to the scores as
         ``fma(S_j, a_j, b_j)`` before the gate and Stage-A (sm90_numerics difference 12).

@@ -1,4 +1,4 @@
-"""Host side of the INT8 Q/K tier's kernel (:mod:`kernels.fused_attention_gluon_int8`): pre-pass, descriptors,
+"""Host side of the INT8 Q/K tier's kernel (:mod:`kernels.sm90.fused_attention_gluon_int8`): pre-pass, descriptors,
 launch."""
 
 from __future__ import annotations
@@ -15,10 +15,10 @@ from fsattn_diffusers.smoothing import lse_offset, q_smoothing_ratio2
 from .ops import _lse_shape, _ones_tile, _out_like, count_rollback_tiles, rollback_tile_words, run_fused, tma_desc
 from .prepass import KEY_TILE
 from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
-from .token_mean import token_mean
+from ..token_mean import token_mean
 
 #: Stage-A's exponential per Recipe.exponential: the kernel's EXP2 values (EXP2_SCHRAUDOLPH, EXP2_HW of
-#: kernels.fused_attention_gluon_int8, which imports Triton).
+#: kernels.sm90.fused_attention_gluon_int8, which imports Triton).
 EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
 INT8_STAGES = 3
@@ -26,9 +26,9 @@ INT8_WORKER_REGS = 240
 
 def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth_k: bool = True, flags=None,
                  smooth_q_ratio2: Optional[float] = None, q_lens=None):
-    """``(q8, qs, k8, ks, v16, k_mean, bias, q_sel)``: :mod:`kernels.prepass_int8`'s operands for (B, H, S, D) q, k,
-    v; ``flags`` (B * H,) int32, optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an inf
-    set to 1. ``smooth_q_ratio2`` (not None: ``Recipe.smooth_q``): Q smoothing with its per-slice switch at that
+    """``(q8, qs, k8, ks, v16, k_mean, bias, q_sel)``: :mod:`kernels.sm90.prepass_int8`'s operands for (B, H, S, D)
+    q, k, v; ``flags`` (B * H,) int32, optional: the slices whose q, k or v (keys before ``kv_lens``) hold a NaN or an
+    inf set to 1. ``smooth_q_ratio2`` (not None: ``Recipe.smooth_q``): Q smoothing with its per-slice switch at that
     ``float32(min_ratio^2)`` (0: every slice), its mean over the queries before ``q_lens``; ``bias`` (B, H, SKP)
     float32 is then its per-key term in doublings (0 on the slices the switch leaves out), else None; ``q_sel``
     (B * H,) int32, 1 on the slices the switch smooths (None without a switch: every slice or none)."""
@@ -130,7 +130,7 @@ def fused_attention_int8_op(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, k
                             scale: float, key: str, return_lse: bool, out_bshd: bool, want_stats: bool,
                             q_lens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """INT8 Q/K Fused-Softmax attention on (B, H, S, D) views: ``(out, lse or (0,), stats (2,) int32)`` as
-    :func:`kernels.ops.fused_attention_op` (``key``: :func:`settings_key`)."""
+    :func:`kernels.sm90.ops.fused_attention_op` (``key``: :func:`settings_key`)."""
     return _fused_int8(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, q_lens=q_lens)
 
 
@@ -143,7 +143,7 @@ def _(q, k, v, kv_lens, scale, key, return_lse, out_bshd, want_stats, q_lens=Non
 def fused_attention_int8(q, k, v, recipe, *, scale: float, kv_lens=None, return_lse=False, return_stats=False,
                          detect_nonfinite=False, q_lens=None):
     """Backend entry for INT8 recipes: (B, H, S, D) views in, ``(out (B, H, S_q, D) view, lse or None, stats or
-    None, flags)`` as :func:`kernels.ops.fused_attention` (``flags``: with ``detect_nonfinite`` the pre-pass's
+    None, flags)`` as :func:`kernels.sm90.ops.fused_attention` (``flags``: with ``detect_nonfinite`` the pre-pass's
     :class:`fsattn_diffusers.nonfinite.StagedFlags`, else None)."""
     out_bshd = q.stride(1) < q.stride(2)
     if kv_lens is not None:

@@ -2,7 +2,7 @@
 rotation, ``alpha log2 e`` (Q), one BF16 rounding, then symmetric INT8 with one fp32 scale ``amax / 127`` per query
 row (Q) or per 128-key tile (K), in one Triton kernel per tensor; V to BF16 in a zero-padded layout.
 
-Outputs (the attention kernel's operands, :mod:`kernels.fused_attention_gluon_int8`):
+Outputs (the attention kernel's operands, :mod:`kernels.sm90.fused_attention_gluon_int8`):
 
 * Q8 (B, H, SQP, D) int8, QS (B, H, SQP) fp32: ``Q_value = Q8 * QS`` per row (zero rows: code 0, scale 1).
 * K8 (B, H, SKP, D) int8, KS (B, H, SKP / 128) fp32: ``K_value = K8 * KS`` per key tile; keys at or past
@@ -28,7 +28,7 @@ import triton.language as tl
 
 from fsattn_diffusers.formats import INT8_MAX as _INT8_MAX
 
-from .common import RNE_MAGIC, flag_nonfinite_rows, load_slice_rows
+from ..common import RNE_MAGIC, flag_nonfinite_rows, load_slice_rows
 from .prepass import (INTERPRET, KEY_TILE, ROWS, _bf16_value, _hadamard_pm1, padded, rotate_scaled,
                       smoothed_bf16_rows, store_key_term)
 

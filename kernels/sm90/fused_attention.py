@@ -1,6 +1,6 @@
 """Fused-Softmax attention forward for NVIDIA Hopper (sm_90) in Triton: paper Algorithm 1's steady state.
 
-Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels.prepass`):
+Per query tile of BM rows and key tile j of BN keys (operands from :mod:`kernels.sm90.prepass`):
 
 1. ``acc = Q8 K8_j^T`` on FP8 tensor cores; the MX product is ``X = acc * 2^(QE + KE_j)`` (powers of two).
 2. Tile 0 (peeled) freezes ``m = ceil(128 rowmax(X)) / 128`` (Section 4.1; on the 1/128 grid so that the
@@ -29,8 +29,8 @@ import triton.language as tl
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
-from .common import (E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, QX_MIN_LOG2,
-                     RNE_MAGIC as MAGIC, pow2, round_bf16, round_e4m3, round_elem)
+from ..common import RNE_MAGIC as MAGIC, pow2, round_bf16, round_e4m3, round_elem
+from .constants import E2M3_MAX_SCALED, FLOOR_LIMIT, MXFP6_ANCHOR_OFFSET, MXFP6_E128_MIN, QX_MIN_LOG2
 
 # f = MAGIC + pattern keeps the pattern (< 2^22) in the low mantissa bits, rounded half-even (common.RNE_MAGIC).
 # Schraudolph's bias on the BF16 grid, 128 * (127 - eps') with eps' = 7/128 (sm90_numerics difference 2).

@@ -144,7 +144,7 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
 
 
 def _int8_unsupported(recipe) -> Optional[str]:
-    """Why the INT8 Q/K kernel (kernels/fused_attention_gluon_int8.py) cannot run ``recipe`` (None when it can)."""
+    """Why the INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) cannot run ``recipe`` (None when it can)."""
     if (recipe.p_format, recipe.v_format) != ("bf16", "bf16"):
         return (f"int8 Q/K with p_format {recipe.p_format!r}, v_format {recipe.v_format!r} (the INT8 kernel takes "
                 f"bf16 P and V)")

@@ -39,7 +39,8 @@ from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
-from .common import FLOOR_LIMIT, KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2, RNE_MAGIC
+from ..common import RNE_MAGIC
+from .constants import FLOOR_LIMIT, KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2
 from .gluon_mxfp6_p import D_BITS, block_max, stage_a_mxfp6, stage_b_mxfp6
 
 # Rows of the query tile per warpgroup (wgmma's M).
@@ -99,7 +100,7 @@ def _stage_a(s, s1024, c):
 
 @gluon.jit
 def _perm_a_fragment(p, BM: gl.constexpr, BN: gl.constexpr):
-    """P's key columns in the FP8 A-fragment order (kernels.fused_attention._perm_p; V8T is stored to match)."""
+    """P's key columns in the FP8 A-fragment order (kernels.sm90.fused_attention._perm_p; V8T is stored to match)."""
     return gl.reshape(gl.permute(gl.reshape(p, [BM, BN // 16, 2, 2, 2, 2]), [0, 1, 3, 4, 2, 5]), [BM, BN])
 
 
@@ -228,7 +229,7 @@ def _issue_scores(qs, k_tile, qx_tile, kx_tile, zero_s, KEY_TERM: gl.constexpr):
 @gluon.jit
 def _stage_a_any(s, bmax, e, c, P_MX: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
     """Stage-A of tile scores ``s`` (raw GEMM units ``2^-e``): fp8_row P on the FP16 grid (``e128`` unused), MXFP6 P
-    on the BF16 grid with one constant per 32-key block (kernels.gluon_mxfp6_p)."""
+    on the BF16 grid with one constant per 32-key block (kernels.sm90.gluon_mxfp6_p)."""
     if P_MX:
         return stage_a_mxfp6(s, bmax, _pow2(e + 7), c, BM, BN)
     else:
@@ -268,7 +269,7 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
     ``KEY_TERM``: Q smoothing's per-key term enters the score GEMM as a K = 32 wgmma the score GEMM is chained on,
     ``S_j = Qx Kx_j^T + Q K_j^T`` (:func:`_issue_scores`; sm90_numerics difference 9; ``qx_smem`` the query tile's
     power of two, ``kx_smem`` the key tiles' E4M3 terms), before the maximum, the gate and Stage-A. ``P_MX``: MXFP6 P
-    (kernels.gluon_mxfp6_p; the row sum in registers), else fp8_row P (the row sum on the tensor cores).
+    (kernels.sm90.gluon_mxfp6_p; the row sum in registers), else fp8_row P (the row sum on the tensor cores).
 
     Both partitions run this function; ``WG``, ``KEY_TERM``, ``P_MX`` and ``DIAGONAL`` reach it as ``gl.constexpr``
     arguments. The tile sizes come from the shared-memory shapes, and ``WRITE_LSE``, ``CAP``, ``FLOOR``, ``SIGMA``,
@@ -423,7 +424,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     k_desc : of K8 (B*H*SKP, D), block (BN, D), NaN rows past the valid keys.
     v_desc : of V8T (B*H*D, SKP), block (D, BN), keys permuted into the FP8 A-fragment order.
     ones_desc : of an (8, BN) E4M3 tensor of ones, block (8, BN): the row sum's B operand.
-    qx_desc : (``KEY_TERM``) of the key term's table of A tiles (kernels.ops._qx_table), block (64, 32); KG (B*H)
+    qx_desc : (``KEY_TERM``) of the key term's table of A tiles (kernels.sm90.ops._qx_table), block (64, 32); KG (B*H)
         int32 the shift G: the tile ``2^(-QE - G)`` is loaded, or the zero tile below 2^QX_MIN_LOG2.
     kx_desc : (``KEY_TERM``) of Kx (B*H*SKP, 32) E4M3, block (BN, 32): the key term's B operand.
     Without ``KEY_TERM`` both may be any descriptor (ones_desc); they are not read.

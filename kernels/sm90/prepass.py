@@ -2,7 +2,7 @@
 MX quantization of Q and K in one kernel per tensor; V to per-tensor FP8 or MX along the key axis.
 
 Outputs are FP8 E4M3 tensors in the kernel's own padded layouts plus power-of-two exponents (see
-:mod:`kernels.plan` for how MX values are carried in E4M3):
+:mod:`kernels.sm90.plan` for how MX values are carried in E4M3):
 
 * Q8 (B, H, SQP, D), QE (B, H, SQP / 128) int32: ``Q_value = Q8 * 2^QE`` per 128-row query tile.
 * K8 (B, H, SKP, D), KE (B, H, SKP / 128) int32: ``K_value = K8 * 2^KE`` per key tile.
@@ -24,8 +24,8 @@ import triton.language as tl
 
 from fsattn_diffusers import sm90_numerics
 
-from .common import (flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_e2m1, round_e2m3_scaled, round_e4m3,
-                     round_elem, shared_exp)
+from ..common import (flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_e2m1, round_e2m3_scaled,
+                      round_e4m3, round_elem, shared_exp)
 from .plan import ELEM, FMT_E2M1, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
