@@ -79,12 +79,12 @@ MODE_FIELDS = dict(qk_format=QKFormat, p_format=PFormat, v_format=VFormat, expon
 #: (``sm90_numerics`` difference 2), which keeps Stage-A's constant ``128 m`` an integer.
 FROZEN_MAX_OFFSET_GRID = 128
 #: The default presets' ``frozen_max_offset_log2`` for MXFP6 P (mxfp6, mxfp4): 3/32 doubling, chosen by a sweep over
-#: 0..1/2 (benchmarks/NOTES.md §18, "Measurements behind the default presets' numerics").
+#: 0..1/2 (docs/design.md, "The frozen reference").
 MXFP6_P_FROZEN_MAX_OFFSET_LOG2 = 3 / 32
 #: Q smoothing's per-slice switch (``Recipe.smooth_q_min_ratio``'s default): a (batch, head) slice is smoothed when its
 #: query mean's norm exceeds its queries' rms distance from that mean. Queries without a shared component give about
 #: ``1 / sqrt(S_q)``; at 1 only slices whose queries share a large offset take the key term. The statistic's values on
-#: the structured families and what the switch costs and gains: benchmarks/NOTES.md §18, "Q smoothing's switch".
+#: the structured families and what the switch costs and gains: docs/design.md, "Q smoothing's per-slice switch".
 Q_SMOOTHING_MIN_RATIO = 1.0
 
 
@@ -141,7 +141,7 @@ class Recipe:
         (:func:`fsattn_diffusers.numerics.key_tile_order`); in self-attention that is the tile of the query's own
         positions. Where attention is local (video tokens with RoPE) the frozen reference then comes from the row's
         peak instead of a distant tile: fewer rollbacks, and the row's largest weights near 1, where FP8 P rounds
-        them least (measurements: benchmarks/NOTES.md §18). Exact arithmetic gives the
+        them least (measurements: docs/design.md, "The frozen reference"). Exact arithmetic gives the
         same result in either order. Under MXFP6 P's floor scale rule weights just below 1 saturate at 0.9375, so the
         MXFP6-P presets pair it with ``frozen_max_offset_log2``.
     frozen_max_offset_log2 : float
@@ -152,7 +152,7 @@ class Recipe:
         moves is where the weights fall on P's grid. Under MXFP6 P's floor scale rule a block peaking just below 1
         gets the scale 2^-3 and its peak saturates at E2M3's 7.5 (0.9375). The MXFP6-P presets take
         :data:`MXFP6_P_FROZEN_MAX_OFFSET_LOG2` with the diagonal order, chosen by measurement (the gain is not
-        monotonic in the offset; benchmarks/NOTES.md §18).
+        monotonic in the offset; docs/design.md, "The frozen reference").
     rowsum_gemm : bool
         Accumulate the row sum from the quantized P that enters the PV GEMM (Section 4.4) instead of
         from the unquantized probabilities.
@@ -171,7 +171,8 @@ class Recipe:
         Subtract Q's mean over the queries (per batch, head and channel) before quantizing Q, and add the per-key
         term ``q_mean . k_j`` (float32, from the BF16 inputs) to the scores before the exponential. Exact in real
         arithmetic. The ``sm90`` numerics carry the term as the Hopper kernel's chained wgmma does (E4M3 terms,
-        ``sm90_numerics`` difference 9); its kernel cost on the slices that take it: benchmarks/NOTES.md §18.
+        ``sm90_numerics`` difference 9); its kernel cost on the slices that take it: docs/design.md, "K and Q
+        smoothing".
     smooth_q_min_ratio : float
         With ``smooth_q``, smooth only the (batch, head) slices whose query mean stands out of the queries' spread:
         ``|q_mean| > ratio * rms_t |q_t - q_mean|`` (:func:`fsattn_diffusers.smoothing.q_smoothing_heads`, float64
@@ -281,14 +282,14 @@ _FUSED = dict(exponential="schraudolph", proxy="u16", frozen_max=True, rowsum_ge
 #: What the default presets add to the paper's pipeline for inputs whose tokens share an offset (NUMERICS.md §7): the
 #: signed rotation, K smoothing, and Q smoothing on the slices whose queries share a large offset (the switch
 #: above; the other slices run the plain key loop bit for bit, paying only the Q statistics; its measured cost:
-#: benchmarks/NOTES.md §14, "Accuracy on structured inputs: what each preset addition buys").
+#: docs/design.md, "Q smoothing's per-slice switch").
 ROBUST = dict(hadamard_signs=True, smooth_k=True, smooth_q=True)
 #: What the default presets add per P format: FP8 P under one per-row scale (fp8_row) lowers its reference when a
 #: key tile peaks 10 doublings below it, where that peak times the Hopper kernel's 2^4 reaches E4M3's smallest normal
 #: 2^-6 (NUMERICS.md §7, attention sinks), and visits the key tiles diagonal first (the reference from the row's own
 #: neighbourhood where attention is local). Block-scaled P (mxfp6) re-scales every 32 keys and needs no lowering; it
 #: takes the diagonal order with the reference raised by 3/32 doubling, which keeps the row's largest weights out of
-#: the floor scale rule's saturation at 0.9375 (measurements: benchmarks/NOTES.md §18).
+#: the floor scale rule's saturation at 0.9375 (measurements: docs/design.md, "The frozen reference").
 ROBUST_P = {"fp8_row": dict(rollback_floor_log2=10, key_order="diagonal"),
             "mxfp6": dict(key_order="diagonal", frozen_max_offset_log2=MXFP6_P_FROZEN_MAX_OFFSET_LOG2)}
 #: The suffix of the paper-faithful presets.

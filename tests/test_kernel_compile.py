@@ -52,7 +52,7 @@ def test_the_key_count_is_never_a_compile_time_constant():
 def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
     """Q smoothing's per-slice switch launches gluon_pingpong (and the INT8 kernel) once per setting with a per-program
     early return (``TERM_SEL``): its key loops must hold the single-setting kernel's instructions (counts per opcode;
-    the order may differ, and with it the speed: benchmarks/NOTES.md §20)."""
+    the order may differ, and with it the speed: docs/design.md, "The accurate tier")."""
     counts = {}
     for name in (switched, plain):
         fn, kwargs = kernel_sass.CONFIGS[name]

@@ -108,7 +108,8 @@ def test_a_query_tile_far_above_the_term_drops_it(variant):
     _check("one query tile 2^16 above", q, k, v, "mxfp8+smooth_q+smooth_q_min_ratio=0", variant)
 
 
-# 20096 keys: the two mxfp8+smooth_q fuzz cases that leave the 2% rule on the H200 have 20000 (benchmarks/NOTES.md §9)
+# 20096 keys: the two mxfp8+smooth_q fuzz cases that leave the 2% rule on the H200 (with the key term chained onto the
+# scores) have 20000 (docs/design.md, "K and Q smoothing")
 @pytest.mark.parametrize("skp", [640, 4096] + ([] if CPU_INTERPRET else [20096]))
 @pytest.mark.parametrize("scales", [(1e-3, 5.0), (300.0, 0.0)])
 def test_the_key_term_pass_equals_the_reference_bit_for_bit(scales, skp):

@@ -40,7 +40,7 @@ def test_invalid_value_still_checked():
 
 def test_recipe_module_states_what_the_presets_do_and_holds_no_measurements():
     """The Q-smoothing docs match the presets (on in the defaults, off in ``-paper``); measured percentages, result
-    files and dates live in benchmarks/NOTES.md, not in recipe.py."""
+    files and dates live in docs/design.md, not in recipe.py."""
     import inspect
     import re
 

@@ -88,7 +88,7 @@ def test_recipe_record_is_every_field_and_what_the_backend_computes():
 
 def test_numerics_md_states_what_is_computed_not_what_was_measured():
     """NUMERICS.md is the contract: no commit hashes, dates, timings or links to result files that are gone (the
-    measurements live in benchmarks/NOTES.md)."""
+    measurements live in docs/design.md)."""
     import re
 
     text = open(os.path.join(ROOT, "NUMERICS.md")).read()

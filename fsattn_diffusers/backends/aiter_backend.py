@@ -18,7 +18,7 @@ it falls back with a warning; on the other calls the switch leaves Q as it is an
 presets' ``key_order="diagonal"`` (each query tile starts at its own key tile) and the MXFP6-P presets'
 ``frozen_max_offset_log2`` are not arguments of ``mha_v4``: AITER visits the key tiles in its own order from tile 0
 and freezes the reference at that tile's row maximum, as the paper does, and the adapter says so once per process and
-field (what the diagonal order changes on local attention: benchmarks/NOTES.md §14).
+field (what the diagonal order changes on local attention: docs/design.md, "The frozen reference").
 """
 
 from __future__ import annotations

@@ -147,8 +147,8 @@ class _FSAttnProcessorBase:
         return f"{type(self).__name__}(policy={self.policy.name!r}, backend={self.backend!r})"
 
 
-# Wan's RoPE as one Triton pass (kernels/rope.py; bit-identical to _rope_interleaved, timing in benchmarks/NOTES.md
-# §7): on by default for CUDA tensors, FSATTN_FUSED_ROPE=0 turns it off.
+# Wan's RoPE as one Triton pass (kernels/rope.py; bit-identical to _rope_interleaved, timing in docs/design.md,
+# "Fused Wan RoPE"): on by default for CUDA tensors, FSATTN_FUSED_ROPE=0 turns it off.
 FUSED_ROPE = os.environ.get("FSATTN_FUSED_ROPE", "1") != "0"
 # The kernel's grid puts the row blocks on CUDA's second grid axis (at most 65535 blocks of ROPE_ROWS rows).
 _FUSED_ROPE_MAX_TOKENS = 65535 * 32

@@ -222,8 +222,9 @@ def paired_median(values: List[float]) -> float:
     round pairs, of the pair's mean; one round's value as it is.
 
     A method's time depends on what ran just before it (likely the GPU's clock and power state carrying over;
-    benchmarks/NOTES.md §13), and its place in the round alternates between the two orders. Averaging within a pair gives every method each place once; a plain
-    median of an odd number of rounds would keep the majority order's place.
+    docs/design.md, "Run-to-run spread"), and its place in the round alternates between the two orders. Averaging
+    within a pair gives every method each place once; a plain median of an odd number of rounds would keep the
+    majority order's place.
     """
     if len(values) == 1:
         return float(values[0])

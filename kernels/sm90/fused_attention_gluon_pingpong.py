@@ -19,7 +19,7 @@ at 32768 keys on the H200: FP8 wgmma accumulation is not fp32-exact), added in f
 NaN in K8 (pre-pass ``nan_pad``): their scores are NaN, which the gate, the frozen maximum and Stage-A's clamp drop
 (``maximum`` returns the non-NaN operand), so no tile needs a mask.
 
-Design choices, measured on the H200 (benchmarks/NOTES.md): no "turn" barrier between the two warpgroups (with one,
+Design choices (H200; docs/design.md, "Kernel structure"): no "turn" barrier between the two warpgroups (with one,
 the two softmaxes alternated instead of overlapping, 5% slower); the FP16-layout proxy and the row sum on the tensor
 cores (~526 -> ~418 instructions per steady-state tile); the gate's vote per warp (``vote.sync``) instead of a
 warpgroup-wide reduction (two BAR.SYNC per tile, ~5%); one mbarrier for the K and V of a tile.

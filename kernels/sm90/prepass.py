@@ -36,8 +36,8 @@ ROWS = 128
 QK_WARPS = 8
 V_WARPS = 8
 # Persistent Q/K pre-pass: programs per SM (0: one program per 128-row tile) and software-pipeline stages of its loop.
-# H200, paper shape, whole mxfp8 pre-pass: (0, 1) 0.48 ms, (2, 1) 0.45, (2, 2) 0.42, (1, 3) 0.47 (benchmarks/NOTES.md,
-# the pre-pass). (2, 2) uses 112 KB of shared memory per program.
+# H200, paper shape, whole mxfp8 pre-pass: (0, 1) 0.48 ms, (2, 1) 0.45, (2, 2) 0.42, (1, 3) 0.47 (docs/design.md,
+# "The pre-pass"). (2, 2) uses 112 KB of shared memory per program.
 QK_PROGRAMS_PER_SM = 2
 QK_STAGES = 2
 # MXFP4 Q/K (E2M1 elements) takes one stage: 0.193 ms per tensor at (2, 1) against 0.264 at (2, 2) (H200; the
