@@ -14,10 +14,9 @@ def run(settings: RunSettings, argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=f"{settings.name} with fsattn ({settings.source} settings)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=settings.hub_id, help="directory or Hub id (default: %(default)s)")
-    from fsattn_diffusers.integration.policy import policy_names
+    from fsattn_diffusers.integration.policy import POLICY_STRING_FORMS, policy_names
 
-    parser.add_argument("--policy", default="hybrid",
-                        help=f"{', '.join(policy_names())} or a schedule like mxfp6:3,mxfp4:14,mxfp6:3")
+    parser.add_argument("--policy", default="hybrid", help=f"{', '.join(policy_names())}, {POLICY_STRING_FORMS}")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=f"{settings.name.split()[0]}.mp4")

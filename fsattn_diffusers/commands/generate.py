@@ -26,10 +26,10 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None,
                    help="diffusers pipeline directory or Hub id (Wan2.1, Wan2.2, HunyuanVideo); "
                         "default: the embedded tiny smoke model")
-    from ..integration.policy import policy_names
+    from ..integration.policy import POLICY_STRING_FORMS, policy_names
 
     p.add_argument("--policy", default="hybrid",
-                   help=f"{' | '.join(policy_names())} | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' "
+                   help=f"{' | '.join(policy_names())} | {POLICY_STRING_FORMS} "
                         "(default: %(default)s; fa3 and fa3-fp8 need an NVIDIA GPU and the fa3-fwd package; "
                         "sage (SageAttention through diffusers' set_attention_backend('sage'); Wan only))")
     p.add_argument("--backend", default="auto", help="attention backend: auto, triton, aiter, emulator")

@@ -30,8 +30,8 @@ def add_arguments(p) -> None:
     from ..integration.policy import policy_names
 
     p.add_argument("--policies", action="append", default=None, metavar="LIST",
-                   help=f"comma list of policies: {', '.join(policy_names())} "
-                        f"or a schedule (default: {','.join(DEFAULT_POLICIES)}; baselines: fa3, fa3-fp8, "
+                   help=f"comma list of policies: {', '.join(policy_names())}, a preset with changes "
+                        f"(mxfp8+proxy=u32) or a schedule (default: {','.join(DEFAULT_POLICIES)}; baselines: fa3, fa3-fp8, "
                         "sage = SageAttention through diffusers' set_attention_backend('sage')); a schedule such as "
                         "mxfp6:3,mxfp4:14,mxfp6:3 may appear inside (consecutive NAME:STEPS items form one "
                         "schedule; separate two schedules with ';' or a second --policies); bf16 is always added")
