@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path, check_prompt
 
 NAME = "capture"
 HELP = "run a pipeline once in bf16 and record, per self-attention call, rollback rates and errors of each recipe"
@@ -56,8 +56,8 @@ def _validate(args):
         recipes = resolve_recipes([r.strip() for r in args.recipes.split(",") if r.strip()])
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
+    args.prompt = check_prompt(args.prompt)
+    check_output_path(args.out, "--out", folder=True)
     from ..interventions import parse_intervention
 
     try:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path, check_prompt
 
 NAME = "generate"
 HELP = "generate a video with fsattn attention (default: an offline tiny smoke model)"
@@ -74,6 +74,8 @@ def _validate(args):
             raise UsageError(f"unknown backend {args.backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
     if not args.out.lower().endswith(".mp4"):
         raise UsageError(f"--out {args.out} must end with .mp4")
+    check_output_path(args.out, "--out", folder=False)
+    args.prompt = check_prompt(args.prompt)
     return policy
 
 

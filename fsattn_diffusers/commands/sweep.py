@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path, check_prompt
 
 NAME = "sweep"
 HELP = "compare attention policies against bf16: videos, PSNR/SSIM/LPIPS, time per step, plots, report"
@@ -57,10 +57,7 @@ def _prompts(args):
         if not prompts:
             raise UsageError(f"--prompts {args.prompts} has no prompt (one per line; # starts a comment)")
         return prompts
-    prompts = [p.strip() for p in args.prompt if p.strip()]
-    if not prompts:
-        raise UsageError("--prompt is empty")
-    return prompts
+    return [check_prompt(p) for p in args.prompt]
 
 
 def _validate(args):
@@ -83,9 +80,9 @@ def _validate(args):
         need_skimage()
     except (ValueError, ImportError) as exc:
         raise UsageError(str(exc)) from None
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
-    return _prompts(args), policies
+    prompts = _prompts(args)
+    check_output_path(args.out, "--out", folder=True)
+    return prompts, policies
 
 
 def run(args) -> int:
