@@ -148,6 +148,9 @@ def run(args) -> int:
     res = run_sensitivity(pipe, spec, prompts, ivs, args.out, steps=steps, layers=blocks,
                           rows=args.rows or DEFAULT_ROWS, sample_seed=args.sample_seed, every=args.every, lpips=lpips,
                           grid_frames=args.grid_frames, warmup=not args.no_warmup)
+    from ..quality.results import means_text, policy_means
+
+    print(means_text(policy_means(res["sweep"])))
     failed = [r for r in res["sweep"].rows if r.status != "ok"]
     print(f"fsattn sensitivity: {len(res['sweep'].rows)} videos ({len(failed)} failed) in "
           f"{res['sweep'].seconds:.1f} s; report: {os.path.abspath(res['files']['sens_report'])}")

@@ -106,6 +106,9 @@ def run(args) -> int:
             print(f"fsattn sweep: schedule {schedule_line(item.policy, spec.steps)}", file=sys.stderr)
     result = run_sweep(pipe, spec, prompts, policies, args.out, every=args.every, lpips=lpips,
                        grid_frames=args.grid_frames, warmup=not args.no_warmup)
+    from ..quality.results import means_text, policy_means
+
+    print(means_text(policy_means(result)))
     reused = sum(1 for r in result.rows if r.reused)
     print(f"fsattn sweep: {len(result.rows)} videos ({reused} reused, {len(result.failed)} failed) in "
           f"{result.seconds:.1f} s; report: {os.path.abspath(result.files['report'])}")
