@@ -78,6 +78,10 @@ def run(args) -> int:
           f"{spec.seed}; recipes {', '.join(r.name for r in recipes)}; {args.rows} rows per call -> {args.out}",
           file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
+    from ..integration.policy import FixedPolicy
+    from ..integration.runner import announce_backend
+
+    announce_backend([FixedPolicy(r) for r in recipes], args.backend, getattr(pipe, "device", "cpu"))
     captured = run_capture(pipe, spec, args.prompt, os.path.join(args.out, "capture.mp4"), recipes=recipes,
                            rows=args.rows, seed=args.sample_seed, backend=args.backend,
                            save_worst=args.save_worst, interventions=args.interventions)
