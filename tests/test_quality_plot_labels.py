@@ -18,7 +18,7 @@ MEANS = [
 ]
 
 
-def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeypatch):
+def _figures_of(monkeypatch):
     figures = []
     original = plots._figure
 
@@ -28,6 +28,11 @@ def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeyp
         return fig
 
     monkeypatch.setattr(plots, "_figure", keep)
+    return figures
+
+
+def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeypatch):
+    figures = _figures_of(monkeypatch)
     path = plots.plot_quality_vs_time(MEANS, str(tmp_path / "quality_vs_time.png"), lpips_available=False)
     assert (tmp_path / "quality_vs_time.png").stat().st_size > 0 and path.endswith(".png")
     fig = figures[0]
@@ -43,18 +48,6 @@ def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeyp
                     for i, j in itertools.combinations(range(len(boxes)), 2) if boxes[i].overlaps(boxes[j])]
         assert overlaps == []
 
-
-def _figures_of(monkeypatch):
-    figures = []
-    original = plots._figure
-
-    def keep(*args):
-        fig = original(*args)
-        figures.append(fig)
-        return fig
-
-    monkeypatch.setattr(plots, "_figure", keep)
-    return figures
 
 
 def test_ssim_is_drawn_as_one_minus_ssim_on_a_log_axis(tmp_path, monkeypatch):
