@@ -99,3 +99,16 @@ def test_report_files_under_a_file(capsys, a_file, argv, flag):
     path = os.path.join(a_file, "out.json")
     line = _one_line_error(capsys, [path if a == "PATH" else a for a in argv])
     assert f"{flag} {path} lies under {a_file}, which is a file" in line
+
+
+@pytest.mark.parametrize("argv,says", [(["--prompt", " "], "--prompt ' ' has no text"),
+                                       (["--prompt", "a cat", "--out", "/proc/wan.mp4"], "cannot write in /proc")])
+def test_the_paper_setting_runners_refuse_bad_input_before_loading(no_model_work, monkeypatch, capsys, argv, says):
+    import fsattn_diffusers.integration.runner as runner
+    from fsattn_diffusers.pipelines._runner import run
+    from fsattn_diffusers.pipelines.settings import WAN22_T2V_A14B
+
+    monkeypatch.setattr(runner, "load_pipeline", no_model_work)
+    assert run(WAN22_T2V_A14B, argv) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and says in err[0], err
