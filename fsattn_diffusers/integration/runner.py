@@ -195,13 +195,18 @@ def announce_backend(policies, backend: str, device) -> None:
         The backend asked for (``"auto"``: the automatic order); a baseline policy's own backend wins.
     device : torch.device or str
         Where the attention runs. The backend named is the first of the order that is usable there; a call that
-        backend cannot take falls back at run time with its own notice.
+        backend cannot take falls back at run time with its own notice. A policy that cannot plan its steps is
+        passed over here (its run reports the failure).
     """
     from ..backends import AUTO_ORDER, registered, warn_if_slow
 
     backends = registered()
     for policy in policies:
-        if all(entry is None for entry in policy.schedule(policy.reference_steps or 1)):
+        try:
+            entries = policy.schedule(policy.reference_steps or 1)
+        except Exception:  # noqa: BLE001 - a policy that cannot plan fails in its run, which reports it
+            continue
+        if all(entry is None for entry in entries):
             continue
         name = policy.backend or backend
         order = [n for n in AUTO_ORDER if n in backends] if name == "auto" else [name]
