@@ -8,7 +8,9 @@ from __future__ import annotations
 
 import argparse
 import importlib
+import os
 import sys
+import tempfile
 
 COMMANDS = ("generate", "accuracy", "info", "bench", "e2e", "sweep", "capture", "sensitivity")
 
@@ -45,6 +47,52 @@ def usable_device(text: str):
         raise UsageError(f"--device {text!r} is not usable here ({reason}); accepted: cpu"
                          f"{', cuda' if torch.cuda.is_available() else ''} or another device this torch has") from None
     return device
+
+
+def check_prompt(text: str, flag: str = "--prompt") -> str:
+    """The prompt without surrounding whitespace; :class:`UsageError` (one line) when nothing is left."""
+    if text is None or not str(text).strip():
+        raise UsageError(f"{flag} {text!r} has no text; accepted: a text describing the video")
+    return str(text).strip()
+
+
+def check_output_path(path: str, flag: str, *, folder: bool) -> None:
+    """:class:`UsageError` (one line) unless ``path`` can be written, checked before any model work.
+
+    Parameters
+    ----------
+    path : str
+        A file to write (``folder=False``; missing folders on the way are created) or a folder to create or
+        write into (``folder=True``).
+    flag : str
+        The argument's name in the message (``"--out"``).
+    folder : bool
+        Whether ``path`` is a folder.
+
+    Refused: an empty path; a folder where a file goes or a file where a folder goes; a path under a file; a
+    path whose deepest existing folder takes no new file (tried by creating and removing a probe file there).
+    """
+    if not path or not str(path).strip():
+        raise UsageError(f"{flag} is empty; accepted: a {'folder' if folder else 'file'} path")
+    full = os.path.abspath(path)
+    if folder and os.path.exists(full) and not os.path.isdir(full):
+        raise UsageError(f"{flag} {path} exists and is not a folder; accepted: a folder (created when missing)")
+    if not folder and os.path.isdir(full):
+        raise UsageError(f"{flag} {path} is a folder; accepted: a file path")
+    if not folder and os.path.exists(full) and not os.access(full, os.W_OK):
+        raise UsageError(f"{flag} {path} exists and is not writable")
+    existing = full if folder else os.path.dirname(full)
+    while not os.path.exists(existing):
+        existing = os.path.dirname(existing)
+    if not os.path.isdir(existing):
+        raise UsageError(f"{flag} {path} lies under {existing}, which is a file; accepted: a path in a folder")
+    try:
+        handle, probe = tempfile.mkstemp(prefix=".fsattn-write-check-", dir=existing)
+    except OSError as exc:
+        raise UsageError(f"{flag} {path}: cannot write in {existing} ({exc.strerror or exc}); accepted: a path in "
+                         f"a writable folder") from None
+    os.close(handle)
+    os.remove(probe)
 
 
 def main(argv=None) -> int:

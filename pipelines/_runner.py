@@ -14,32 +14,35 @@ def run(settings: RunSettings, argv: Optional[Sequence[str]] = None) -> int:
     parser = argparse.ArgumentParser(description=f"{settings.name} with fsattn ({settings.source} settings)")
     parser.add_argument("--prompt", required=True)
     parser.add_argument("--model", default=settings.hub_id, help="directory or Hub id (default: %(default)s)")
-    from fsattn_diffusers.integration.policy import policy_names
+    from fsattn_diffusers.integration.policy import POLICY_STRING_FORMS, policy_names
 
-    parser.add_argument("--policy", default="hybrid",
-                        help=f"{', '.join(policy_names())} or a schedule like mxfp6:3,mxfp4:14,mxfp6:3")
+    parser.add_argument("--policy", default="hybrid", help=f"{', '.join(policy_names())}, {POLICY_STRING_FORMS}")
     parser.add_argument("--backend", default="auto")
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--out", default=f"{settings.name.split()[0]}.mp4")
     parser.add_argument("--offload", action="store_true", help="enable_model_cpu_offload (less GPU memory)")
     args = parser.parse_args(argv)
 
+    from fsattn_diffusers.cli import UsageError
     from fsattn_diffusers.notices import one_line_warnings, quiet_third_party
 
     with one_line_warnings(parser.prog), quiet_third_party():
-        try:  # bad input (policy, model) is one line and exit code 2, like the fsattn commands
+        try:  # bad input (prompt, output, policy, model) is one line and exit code 2, like the fsattn commands
             policy, pipe, device = _load(settings, args)
-        except ValueError as exc:
+        except (ValueError, UsageError) as exc:
             print(f"{parser.prog}: error: {exc}", file=sys.stderr)
             return 2
         return _generate(settings, args, policy, pipe, device)
 
 
 def _load(settings: RunSettings, args):
-    """The policy (checked before any weights load), the pipeline and the device."""
+    """The policy, prompt and output path (checked before any weights load), the pipeline and the device."""
+    from fsattn_diffusers.cli import check_output_path, check_prompt
     from fsattn_diffusers.integration.policy import get_policy
     from fsattn_diffusers.integration.runner import default_device, load_pipeline
 
+    args.prompt = check_prompt(args.prompt)
+    check_output_path(args.out, "--out", folder=False)
     policy = get_policy(args.policy)
     device = default_device()
     pipe = load_pipeline(args.model, device=device)

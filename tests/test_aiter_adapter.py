@@ -50,6 +50,7 @@ def fake_aiter(monkeypatch):
     ("mxfp6", "mha_v4", (AttentionFormat.MXFP6,) * 3),
     ("mxfp4", "mha_v4", (AttentionFormat.MXFP4,) * 3),
 ])
+@pytest.mark.filterwarnings("ignore:fsattn. AITER mha_v4 .* is not applied there:fsattn_diffusers.notices.FSAttnWarning")
 def test_recipes_map_to_aiter_calls(fake_aiter, recipe, fn, formats, paper):
     """The paper presets reach AITER's kernels with the inputs as they are; the default presets with K smoothed and
     the channel signs of the signed rotation applied on the host (AITER's kernel rotates by H itself)."""

@@ -135,6 +135,8 @@ def _fake_packages(tmp_path):
     (tmp_path / "torchao" / "__init__.py").write_text(
         "import logging\nlogging.getLogger('torchao').warning("
         "'Failed to load /opt/x/torchao/_C_fake.so: Could not load this library: /opt/x/torchao/_C_fake.so')\n")
+    (tmp_path / "torchao" / "quantization.py").write_text(
+        "Float8DynamicActivationFloat8WeightConfig = PerRow = quantize_ = object\n")
     (tmp_path / "xfuser").mkdir()
     (tmp_path / "xfuser" / "__init__.py").write_text("raise RuntimeError('xfuser needs a CUDA build of torch')\n")
     return {"PYTHONPATH": os.pathsep.join([str(tmp_path)] + sys.path)}
@@ -145,7 +147,9 @@ def test_info_says_when_an_installed_package_is_broken(tmp_path):
     lines = {ln.split()[0]: ln for ln in res.stdout.splitlines() if ln.startswith("  ")}
     assert res.returncode == 0 and res.stderr.strip() == ""
     assert "installed but fails to import (RuntimeError: xfuser needs a CUDA build of torch)" in lines["xfuser"]
-    assert "1 of its C++ extensions fail to load (_C_fake.so: Could not load this library" in lines["torchao"]
+    # torchao's optional C++ extension plays no part here: only the float8 API fsattn e2e --gemms fp8 uses counts
+    assert "C++" not in res.stdout and "_C_fake" not in res.stdout
+    assert lines["torchao"].endswith("(float8 API for fsattn e2e --gemms fp8: imports)")
 
 
 def test_sweep_report_shows_the_resolved_schedules(tmp_path):

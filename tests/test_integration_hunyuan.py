@@ -59,6 +59,7 @@ def test_bf16_identical_and_exact_close_with_padded_text(model):
     stock = _run(model, kwargs)
     fsattn_diffusers.apply(model, policy="bf16")
     bf16 = _run(model, kwargs)
+    fsattn_diffusers.remove(model)
     fsattn_diffusers.apply(model, policy="exact", backend="emulator")
     exact = _run(model, kwargs)
     fsattn_diffusers.remove(model)

@@ -100,3 +100,13 @@ def test_hunyuan_records_follow_steps(true_cfg):
     assert len(handle.records) == STEPS * calls
     _check_against_plan(handle, timesteps, lambda t: "transformer", calls_per_step=calls)
     assert torch.isfinite(latents).all()  # padded text (mask) on every call
+
+
+def test_records_name_the_backend_that_ran(wan):
+    handle = fsattn_diffusers.apply(wan, policy="bf16:1,mxfp8:1")  # backend "auto": the emulator on a CPU
+    try:
+        _wan_run(wan, 2)
+    finally:
+        fsattn_diffusers.remove(wan)
+    by_step = {(r.step, r.recipe, r.backend) for r in handle.records}
+    assert by_step == {(0, "bf16", "stock"), (1, "mxfp8", "emulator")}, by_step

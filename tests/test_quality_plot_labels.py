@@ -18,7 +18,7 @@ MEANS = [
 ]
 
 
-def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeypatch):
+def _figures_of(monkeypatch):
     figures = []
     original = plots._figure
 
@@ -28,6 +28,11 @@ def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeyp
         return fig
 
     monkeypatch.setattr(plots, "_figure", keep)
+    return figures
+
+
+def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeypatch):
+    figures = _figures_of(monkeypatch)
     path = plots.plot_quality_vs_time(MEANS, str(tmp_path / "quality_vs_time.png"), lpips_available=False)
     assert (tmp_path / "quality_vs_time.png").stat().st_size > 0 and path.endswith(".png")
     fig = figures[0]
@@ -42,3 +47,24 @@ def test_coincident_points_share_a_label_and_no_labels_overlap(tmp_path, monkeyp
         overlaps = [(labels[i].get_text(), labels[j].get_text())
                     for i, j in itertools.combinations(range(len(boxes)), 2) if boxes[i].overlaps(boxes[j])]
         assert overlaps == []
+
+
+
+def test_ssim_is_drawn_as_one_minus_ssim_on_a_log_axis(tmp_path, monkeypatch):
+    figures = _figures_of(monkeypatch)
+    close = [dict(m, ssim=1 - 10 ** -(3 + i)) for i, m in enumerate(MEANS)]  # 1 - SSIM from 1e-4 to 1e-8
+    plots.plot_quality_vs_time(close, str(tmp_path / "q.png"), lpips_available=False)
+    ax = figures[0].axes[1]
+    assert ax.get_yscale() == "log" and ax.get_title().startswith("1 − SSIM")
+    ys = sorted(float(c.get_offsets()[0][1]) for c in ax.collections)
+    assert ys == pytest.approx(sorted(1 - m["ssim"] for m in close[1:]), rel=1e-6)
+    low, high = ax.get_ylim()
+    assert high / low > 100  # the decades apart are visible, not squeezed into the 7th decimal
+
+
+def test_the_per_frame_title_explains_the_triangle_only_where_one_is_drawn(tmp_path, monkeypatch):
+    figures = _figures_of(monkeypatch)
+    curves = {"p00": {"mxfp8": ([0, 4], [40.0, 41.0])}, "p01": {"mxfp8": ([0, 4], [float("inf"), 39.0])}}
+    plots.plot_psnr_per_frame(curves, str(tmp_path / "f.png"))
+    titles = [ax.get_title() for ax in figures[0].axes]
+    assert titles[0] == "p00" and "▲" in titles[1]

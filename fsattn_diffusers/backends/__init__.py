@@ -70,6 +70,13 @@ def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
     return nonfinite.detect(q, k, v, kv_lens)
 
 
+def warn_if_slow(name: str) -> None:
+    """The one-time notice that backend ``name`` is a slow PyTorch reference (at its first call, or earlier: before
+    a run's progress bars start, :func:`fsattn_diffusers.integration.runner.announce_backend`)."""
+    if registered()[name].slow:
+        warn_once(f"slow:{name}", f"fsattn: using the {name!r} backend; it is a PyTorch reference and slow")
+
+
 def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False,
                 q_lens=None):
     """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning. ``q_lens``
@@ -104,8 +111,7 @@ def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, retur
         if notable:
             warn_once(f"fallback:{cand}:{';'.join(notable)}",
                       f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
-        if be.slow:
-            warn_once(f"slow:{cand}", f"fsattn: using the {cand!r} backend; it is a PyTorch reference and slow")
+        warn_if_slow(cand)
         if not torch.compiler.is_compiling():
             LAST_RAN[recipe.name] = cand
         args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats, **lens)

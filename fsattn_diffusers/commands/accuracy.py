@@ -36,7 +36,7 @@ import time
 
 import torch
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path
 from ..recipe import NUMERICS
 
 NAME = "accuracy"
@@ -235,6 +235,9 @@ def _print_table4(rows, columns) -> None:
 
 
 def run(args) -> int:
+    for flag, path in (("--json", args.json_path), ("--markdown", args.markdown_path)):
+        if path is not None:
+            check_output_path(path, flag, folder=False)
     if args.replay:
         from ..quality.replay import replay_command
 

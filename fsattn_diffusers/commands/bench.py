@@ -62,7 +62,11 @@ def parse_shape(text: str):
 def run(args) -> int:
     import torch
 
-    from ..cli import UsageError
+    from ..cli import UsageError, check_output_path
+
+    for flag, path in (("--json", args.json), ("--markdown", args.markdown)):
+        if path is not None:
+            check_output_path(path, flag, folder=False)
 
     shapes = []
     for name in [s for s in args.shapes.split(",") if s]:

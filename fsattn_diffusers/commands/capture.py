@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path, check_prompt
 
 NAME = "capture"
 HELP = "run a pipeline once in bf16 and record, per self-attention call, rollback rates and errors of each recipe"
@@ -56,8 +56,8 @@ def _validate(args):
         recipes = resolve_recipes([r.strip() for r in args.recipes.split(",") if r.strip()])
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
+    args.prompt = check_prompt(args.prompt)
+    check_output_path(args.out, "--out", folder=True)
     from ..interventions import parse_intervention
 
     try:
@@ -78,6 +78,10 @@ def run(args) -> int:
           f"{spec.seed}; recipes {', '.join(r.name for r in recipes)}; {args.rows} rows per call -> {args.out}",
           file=sys.stderr)
     os.makedirs(args.out, exist_ok=True)
+    from ..integration.policy import FixedPolicy
+    from ..integration.runner import announce_backend
+
+    announce_backend([FixedPolicy(r) for r in recipes], args.backend, getattr(pipe, "device", "cpu"))
     captured = run_capture(pipe, spec, args.prompt, os.path.join(args.out, "capture.mp4"), recipes=recipes,
                            rows=args.rows, seed=args.sample_seed, backend=args.backend,
                            save_worst=args.save_worst, interventions=args.interventions)

@@ -29,7 +29,7 @@ import time
 
 import torch
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path
 
 NAME = "e2e"
 HELP = "time whole denoising steps of Wan2.2-T2V-A14B / HunyuanVideo at real size (random weights) per policy"
@@ -72,6 +72,9 @@ def add_arguments(p) -> None:
 def run(args) -> int:
     from ..measure import e2e
 
+    for flag, path in (("--json", args.json_path), ("--md", args.md_path)):
+        if path is not None:
+            check_output_path(path, flag, folder=False)
     policies = [p.strip() for p in args.policies.split(",") if p.strip()]
     bad = [p for p in policies if p not in POLICIES + SCHEDULES]
     if bad:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path, check_prompt
 
 NAME = "generate"
 HELP = "generate a video with fsattn attention (default: an offline tiny smoke model)"
@@ -26,10 +26,10 @@ def add_arguments(p) -> None:
     p.add_argument("--model", default=None,
                    help="diffusers pipeline directory or Hub id (Wan2.1, Wan2.2, HunyuanVideo); "
                         "default: the embedded tiny smoke model")
-    from ..integration.policy import policy_names
+    from ..integration.policy import POLICY_STRING_FORMS, policy_names
 
     p.add_argument("--policy", default="hybrid",
-                   help=f"{' | '.join(policy_names())} | a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' "
+                   help=f"{' | '.join(policy_names())} | {POLICY_STRING_FORMS} "
                         "(default: %(default)s; fa3 and fa3-fp8 need an NVIDIA GPU and the fa3-fwd package; "
                         "sage (SageAttention through diffusers' set_attention_backend('sage'); Wan only))")
     p.add_argument("--backend", default="auto", help="attention backend: auto, triton, aiter, emulator")
@@ -74,6 +74,8 @@ def _validate(args):
             raise UsageError(f"unknown backend {args.backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
     if not args.out.lower().endswith(".mp4"):
         raise UsageError(f"--out {args.out} must end with .mp4")
+    check_output_path(args.out, "--out", folder=False)
+    args.prompt = check_prompt(args.prompt)
     return policy
 
 

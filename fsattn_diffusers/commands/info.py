@@ -19,7 +19,7 @@ def add_arguments(p) -> None:
 
 def _version(mod: str, must_import: bool) -> str:
     """Installed version; ``must_import`` also imports it (xfuser, for one, refuses a CPU-only torch) and
-    says when an installed package fails to import or logs that parts of it failed to load."""
+    says when an installed package fails to import."""
     from importlib import metadata
 
     from ..notices import import_report
@@ -32,14 +32,34 @@ def _version(mod: str, must_import: bool) -> str:
         return version or "not installed"
     if version is None and importlib.util.find_spec(mod) is None:
         return "not installed"
-    error, notes = import_report(mod)
+    error, _ = import_report(mod)
     if error is not None:
         return f"{version + ': ' if version else ''}installed but fails to import ({_one_line(error)})"
-    failed = [n for n in notes if n.startswith("Failed to load")]
-    if failed:  # torchao: its C++ extensions built for another torch / Python / CUDA
-        return (f"{version + ': ' if version else ''}imports, but {len(failed)} of its C++ extensions fail to load "
-                f"({_short(failed[0][len('Failed to load '):])})")
     return version or "installed"
+
+
+#: What this package takes from torchao: its float8 API, for ``fsattn e2e --gemms fp8`` only. Its optional C++
+#: extensions (``_C_mxfp8``, ...) play no part, so whether they load is not reported.
+TORCHAO_USED = ("torchao.quantization", ("Float8DynamicActivationFloat8WeightConfig", "PerRow", "quantize_"))
+
+
+def _torchao() -> str:
+    """torchao as far as it affects this package: whether the float8 API ``fsattn e2e --gemms fp8`` uses imports."""
+    import sys
+
+    from ..notices import import_report
+
+    version = _version("torchao", False)
+    if version == "not installed":
+        return "not installed (only fsattn e2e --gemms fp8 uses it)"
+    module, names = TORCHAO_USED
+    error, _ = import_report(module)
+    if error is not None:
+        return f"{version}: its float8 API fails to import ({_one_line(error)}); fsattn e2e --gemms fp8 needs it"
+    missing = [n for n in names if not hasattr(sys.modules[module], n)]
+    if missing:
+        return f"{version}: {module} has no {', '.join(missing)}; fsattn e2e --gemms fp8 needs them"
+    return f"{version} (float8 API for fsattn e2e --gemms fp8: imports)"
 
 
 def _short(text: str, limit: int = 140) -> str:
@@ -60,8 +80,9 @@ def run(args) -> int:
     device = usable_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
     print(f"fsattn-diffusers {__version__}  python {platform.python_version()}  torch {torch.__version__}")
     for mod, must_import in (("triton", True), ("diffusers", False), ("transformers", False), ("xfuser", True),
-                             ("aiter", True), ("torchao", True)):
+                             ("aiter", True)):
         print(f"  {mod:<13}{_version(mod, must_import)}")
+    print(f"  {'torchao':<13}{_torchao()}")
     if torch.cuda.is_available():
         for i in range(torch.cuda.device_count()):
             cap = torch.cuda.get_device_capability(i)

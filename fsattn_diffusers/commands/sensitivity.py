@@ -15,7 +15,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path
 
 NAME = "sensitivity"
 HELP = "apply softmax interventions to self-attention: video damage vs bf16 next to attention diagnostics"
@@ -74,8 +74,9 @@ def _validate(args):
         raise UsageError(f"--rows {args.rows} must be >= 1")
     if args.layers is not None and args.layers < 1:
         raise UsageError(f"--layers {args.layers} must be >= 1")
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
+    if not args.attention_only:
+        _prompts(args)
+    check_output_path(args.out, "--out", folder=True)
     try:
         ivs = parse_interventions(args.interventions or [",".join(DEFAULT_INTERVENTIONS)])
         steps = parse_index_set(args.at_steps, "--at-steps")
@@ -147,6 +148,9 @@ def run(args) -> int:
     res = run_sensitivity(pipe, spec, prompts, ivs, args.out, steps=steps, layers=blocks,
                           rows=args.rows or DEFAULT_ROWS, sample_seed=args.sample_seed, every=args.every, lpips=lpips,
                           grid_frames=args.grid_frames, warmup=not args.no_warmup)
+    from ..quality.results import means_text, policy_means
+
+    print(means_text(policy_means(res["sweep"])))
     failed = [r for r in res["sweep"].rows if r.status != "ok"]
     print(f"fsattn sensitivity: {len(res['sweep'].rows)} videos ({len(failed)} failed) in "
           f"{res['sweep'].seconds:.1f} s; report: {os.path.abspath(res['files']['sens_report'])}")

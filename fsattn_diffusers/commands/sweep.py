@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import sys
 
-from ..cli import UsageError
+from ..cli import UsageError, check_output_path, check_prompt
 
 NAME = "sweep"
 HELP = "compare attention policies against bf16: videos, PSNR/SSIM/LPIPS, time per step, plots, report"
@@ -30,8 +30,8 @@ def add_arguments(p) -> None:
     from ..integration.policy import policy_names
 
     p.add_argument("--policies", action="append", default=None, metavar="LIST",
-                   help=f"comma list of policies: {', '.join(policy_names())} "
-                        f"or a schedule (default: {','.join(DEFAULT_POLICIES)}; baselines: fa3, fa3-fp8, "
+                   help=f"comma list of policies: {', '.join(policy_names())}, a preset with changes "
+                        f"(mxfp8+proxy=u32) or a schedule (default: {','.join(DEFAULT_POLICIES)}; baselines: fa3, fa3-fp8, "
                         "sage = SageAttention through diffusers' set_attention_backend('sage')); a schedule such as "
                         "mxfp6:3,mxfp4:14,mxfp6:3 may appear inside (consecutive NAME:STEPS items form one "
                         "schedule; separate two schedules with ';' or a second --policies); bf16 is always added")
@@ -57,10 +57,7 @@ def _prompts(args):
         if not prompts:
             raise UsageError(f"--prompts {args.prompts} has no prompt (one per line; # starts a comment)")
         return prompts
-    prompts = [p.strip() for p in args.prompt if p.strip()]
-    if not prompts:
-        raise UsageError("--prompt is empty")
-    return prompts
+    return [check_prompt(p) for p in args.prompt]
 
 
 def _validate(args):
@@ -83,9 +80,9 @@ def _validate(args):
         need_skimage()
     except (ValueError, ImportError) as exc:
         raise UsageError(str(exc)) from None
-    if os.path.exists(args.out) and not os.path.isdir(args.out):
-        raise UsageError(f"--out {args.out} exists and is not a folder")
-    return _prompts(args), policies
+    prompts = _prompts(args)
+    check_output_path(args.out, "--out", folder=True)
+    return prompts, policies
 
 
 def run(args) -> int:
@@ -109,6 +106,9 @@ def run(args) -> int:
             print(f"fsattn sweep: schedule {schedule_line(item.policy, spec.steps)}", file=sys.stderr)
     result = run_sweep(pipe, spec, prompts, policies, args.out, every=args.every, lpips=lpips,
                        grid_frames=args.grid_frames, warmup=not args.no_warmup)
+    from ..quality.results import means_text, policy_means
+
+    print(means_text(policy_means(result)))
     reused = sum(1 for r in result.rows if r.reused)
     print(f"fsattn sweep: {len(result.rows)} videos ({reused} reused, {len(result.failed)} failed) in "
           f"{result.seconds:.1f} s; report: {os.path.abspath(result.files['report'])}")

@@ -6,14 +6,16 @@ meaning *the stock diffusers attention* (the ``bf16`` entry: bit-identical to no
 Accepted specifications (:func:`get_policy`):
 
 * ``"bf16"`` (alias ``"stock"``): stock attention on every step.
-* ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"exact"``: that fsattn preset on every step.
+* a preset name (``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"exact"``, ...) or a preset with changes
+  (``"mxfp8+proxy=u32"``, every form :func:`fsattn_diffusers.recipe.get_recipe` takes): that recipe on every step.
 * ``"hybrid"``: paper Section 5.3, MXFP6 on the first and last 3 of 20 steps and MXFP4 in between,
   the number of end steps scaled to other step counts (:class:`EndsPolicy`). For AITER on MI355X and quality studies:
   on Hopper MXFP6/MXFP4 run no faster than mxfp8 (:func:`slow_formats_on_sm90` names the policy's such steps).
 * ``"hybrid-int8-mxfp8"``: the same idea mapped to what is fast on Hopper, ``int8-bf16`` (the accurate tier) on the
   first and last 3 of 20 steps and ``mxfp8`` in between, scaled alike.
 * a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"``: segments in step order for the reference length
-  (the sum), scaled proportionally to other step counts (:class:`SchedulePolicy`).
+  (the sum), scaled proportionally to other step counts (:class:`SchedulePolicy`); each entry is a stock name or a
+  recipe in any of the forms above (``"mxfp8+smooth_q=false:3,mxfp4:14,mxfp8+smooth_q=false:3"``).
 * a mapping ``{"ends": "bf16", "middle": "mxfp4", "n_ends": 2}`` (optional ``reference_steps``).
 * a :class:`Recipe`, or a :class:`Policy`.
 * ``"fa3"`` / ``"fa3-fp8"``: baseline kernels, FlashAttention-3 BF16 / FP8 with per-(batch, head) scales
@@ -22,18 +24,20 @@ Accepted specifications (:func:`get_policy`):
   diffusers user does (``transformer.set_attention_backend("sage")``, which :func:`fsattn_diffusers.apply` calls;
   :data:`DIFFUSERS_BACKEND_POLICIES`; needs a ``sageattention`` that diffusers accepts: SageAttention 2).
 
-``None`` is refused with a ValueError: pass ``"bf16"`` for stock attention (``apply`` defaults to
-``"hybrid"``).
+The named policies are one table, :data:`NAMED_POLICIES` (name -> entries and step rule). ``None`` is refused with
+a ValueError: pass ``"bf16"`` for stock attention (``apply`` defaults to ``"hybrid"``).
 """
 
 from __future__ import annotations
 
-import itertools
+import enum
 import math
 import re
+from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
 from ..recipe import INT8_BF16, PRESETS, Recipe, get_recipe
+from .step_counts import apportion
 
 #: Policy entry names that mean "the stock diffusers attention".
 STOCK_NAMES = ("bf16", "stock")
@@ -56,115 +60,39 @@ def entry_name(entry: Entry) -> str:
 
 def policy_names() -> list:
     """Every policy name :func:`get_policy` accepts (besides schedules and mappings), in display order."""
-    return ["bf16"] + [n for n in PRESETS if n != "bf16"] + ["hybrid", HOPPER_HYBRID] + list(BASELINE_POLICIES) + \
-        list(DIFFUSERS_BACKEND_POLICIES)
+    return [name for name in NAMED_POLICIES if name not in STOCK_NAMES[1:]]
+
+
+#: The forms a policy string takes besides the names, as errors and ``--help`` list them.
+POLICY_STRING_FORMS = ("a preset with changes like 'mxfp8+proxy=u32', or a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3' "
+                       "whose entries take either form ('mxfp8+smooth_q=false:3,mxfp4:14,mxfp8+smooth_q=false:3')")
 
 
 def _accepted() -> str:
-    return f"{', '.join(policy_names())}, a schedule like 'mxfp6:3,mxfp4:14,mxfp6:3', or {{ends, middle, n_ends}}"
+    return f"a name ({', '.join(policy_names())}), {POLICY_STRING_FORMS}; in Python also a mapping " \
+           f"{{ends, middle, n_ends}}, a Recipe or a Policy"
 
 
 def parse_entry(spec) -> Entry:
-    """Resolve one schedule entry: a stock name, a preset name or a Recipe."""
+    """Resolve one schedule entry: a stock name, a recipe (a preset, a preset with changes) or a Recipe."""
     if spec is None:
         return None
     if isinstance(spec, str) and spec.strip().lower() in STOCK_NAMES:
         return None
+    if isinstance(spec, str) and spec.strip().lower().partition("+")[0].strip() in STOCK_NAMES:
+        raise ValueError(f"policy entry {spec!r}: bf16 is stock attention and takes no changes; accepted: bf16, or "
+                         f"the emulator's BF16 recipe with changes ('bf16-emulated+proxy=u32')")
     try:
         return get_recipe(spec)
     except ValueError:
-        raise ValueError(f"unknown policy entry {spec!r}; accepted: bf16 (stock attention), "
-                         f"{', '.join(n for n in PRESETS if n != 'bf16')} or a Recipe") from None
+        if isinstance(spec, str) and spec.strip().lower().partition("+")[0].strip() in PRESETS:
+            raise  # a preset with a bad change: the recipe's own error names the field and what it accepts
+        raise ValueError(f"unknown policy entry {spec!r}; accepted: bf16 (stock attention), a preset "
+                         f"({', '.join(PRESETS)}), a preset with changes like 'mxfp8+proxy=u32', or a Recipe") from None
 
 
 def _round_half_up(x: float) -> int:
     return int(math.floor(x + 0.5))
-
-
-def _largest_remainder(shares: Sequence[float], total: int) -> List[int]:
-    """Floors plus one step for the largest fractional parts (earlier segment first on ties)."""
-    counts = [int(math.floor(x + 1e-9)) for x in shares]
-    order = sorted(range(len(shares)), key=lambda i: (-(shares[i] - counts[i]), i))
-    for i in order[:max(total - sum(counts), 0)]:
-        counts[i] += 1
-    return counts
-
-
-def _symmetric(shares: Sequence[float], adjusted: Sequence[float], total: int, low: int) -> Optional[List[int]]:
-    """Palindromic counts for a palindromic schedule, or ``None`` when none exists (an even number of
-    segments and an odd total). Each outer segment takes its ``adjusted`` share rounded down or up (at
-    least ``low``), the middle segment the rest; the choice closest to ``shares`` wins (smallest largest
-    deviation, then smallest squared deviations, then more steps on the outer segments)."""
-    k = len(shares)
-    half = k // 2
-    if half > 12:  # 2**12 candidates at most
-        return None
-    options = [sorted({max(low, int(math.floor(a + 1e-9))), max(low, int(math.ceil(a - 1e-9)))})
-               for a in adjusted[:half]]
-    best, best_key = None, None
-    for first in itertools.product(*options):
-        first = list(first)
-        rest = total - 2 * sum(first)
-        if k % 2:
-            if rest < low:
-                continue
-            counts = first + [rest] + first[::-1]
-        elif rest != 0:
-            continue
-        else:
-            counts = first + first[::-1]
-        devs = [abs(c - x) for c, x in zip(counts, shares)]
-        key = (round(max(devs), 9), round(sum(d * d for d in devs), 9), [-c for c in first])
-        if best_key is None or key < best_key:
-            best, best_key = counts, key
-    return best
-
-
-def apportion(reference: Sequence[int], num_steps: int, palindrome: bool = False) -> List[int]:
-    """Split ``num_steps`` over segments of ``reference`` steps in proportion to them.
-
-    Parameters
-    ----------
-    reference : sequence of int (K,)
-        Steps of each segment in the schedule as written (their sum is the reference length).
-    num_steps : int
-        Steps of the run.
-    palindrome : bool
-        The schedule reads the same backwards: return palindromic counts whenever any exist (not for
-        an even K with an odd ``num_steps``); the middle segment takes what the mirrored pairs leave.
-
-    Returns
-    -------
-    list of int (K,)
-        Counts summing to ``num_steps``. While ``num_steps >= K`` every segment keeps at least one step
-        (a segment whose share is below one step gets one, the others share the rest); every other
-        segment gets its share rounded down or up (largest remainder, earlier segment first on ties),
-        so it stays within one step of its share (the middle segment of a symmetric schedule: at most
-        one step). A share is ``reference[i] * num_steps / sum(reference)``.
-    """
-    k, ref = len(reference), sum(reference)
-    fixed: dict = {}
-    while True:  # segments below one step get one while there are enough steps
-        free = [i for i in range(k) if i not in fixed]
-        left = num_steps - len(fixed)
-        weight = sum(reference[i] for i in free)
-        shares = {i: reference[i] * left / weight for i in free} if free and weight else {}
-        small = [i for i in free if shares[i] < 1] if num_steps >= k else []
-        if not small:
-            break
-        fixed.update({i: 1 for i in small})
-    if palindrome:
-        adjusted = [1.0 if i in fixed else shares[i] for i in range(k)]
-        counts = _symmetric([c * num_steps / ref for c in reference], adjusted, num_steps,
-                            1 if num_steps >= k else 0)
-        if counts is not None:
-            return counts
-    if not free:
-        return [fixed[i] for i in range(k)]
-    out = dict(fixed)
-    out.update(zip(free, _largest_remainder([shares[i] for i in free], left)))
-    return [out[i] for i in range(k)]
-
 
 
 class Policy:
@@ -299,23 +227,14 @@ class EndsPolicy(Policy):
 
 
 def hybrid_policy() -> EndsPolicy:
-    """Paper Section 5.3: MXFP6 for the first and last 3 of 20 steps, MXFP4 in between, scaled."""
-    return EndsPolicy(HYBRID_ENDS, HYBRID_MIDDLE, HYBRID_N_ENDS, reference_steps=HYBRID_REFERENCE_STEPS,
-                      name="hybrid")
+    """Paper Section 5.3: MXFP6 for the first and last 3 of 20 steps, MXFP4 in between, scaled (``"hybrid"``)."""
+    return get_policy("hybrid")
 
 
 def hopper_hybrid_policy() -> EndsPolicy:
-    """The paper's hybrid mapped to what is fast on Hopper.
-
-    Returns
-    -------
-    EndsPolicy
-        Named ``"hybrid-int8-mxfp8"``: ``int8-bf16`` (the accurate tier) on the first and last
-        ``HYBRID_N_ENDS`` of ``HYBRID_REFERENCE_STEPS`` steps, ``mxfp8`` in between, the end steps scaled to
-        other step counts exactly as :func:`hybrid_policy`'s (the same constants).
-    """
-    return EndsPolicy(HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE, HYBRID_N_ENDS, reference_steps=HYBRID_REFERENCE_STEPS,
-                      name=HOPPER_HYBRID)
+    """The paper's hybrid mapped to what is fast on Hopper (``"hybrid-int8-mxfp8"``): ``int8-bf16`` on the end
+    steps, ``mxfp8`` in between, the end steps scaled exactly as :func:`hybrid_policy`'s."""
+    return get_policy(HOPPER_HYBRID)
 
 
 def slow_formats_on_sm90(policy: "Policy", num_steps: Optional[int] = None) -> List[str]:
@@ -357,10 +276,48 @@ def parse_schedule(text: str) -> SchedulePolicy:
     return SchedulePolicy(segments, name=text.replace(" ", ""))
 
 
-# -- baseline attention kernels as policies ----------------------------------------------------------
+# -- the named policies ---------------------------------------------------------------------------------
+class StepRule(enum.Enum):
+    """How a named policy's entries map to the denoising steps."""
+    #: ``entries[0]`` on every step.
+    EVERY_STEP = "every step"
+    #: ``entries[0]`` on the first and last ``HYBRID_N_ENDS`` of ``HYBRID_REFERENCE_STEPS`` steps, ``entries[1]``
+    #: in between, the end steps scaled to the run (:class:`EndsPolicy`).
+    ENDS = "ends and middle"
+    #: ``entries[0]`` (a baseline kernel's recipe) on every step, computed by ``backend`` (needs its package).
+    BASELINE_KERNEL = "baseline kernel"
+    #: stock processors on every step, attention computed by diffusers' attention backend ``backend``.
+    DIFFUSERS_BACKEND = "diffusers backend"
+
+
+@dataclass(frozen=True)
+class NamedPolicy:
+    """One row of :data:`NAMED_POLICIES`: the entries (stock names or recipe names) and how they follow the steps."""
+    entries: Tuple[str, ...]
+    rule: StepRule
+    #: Backend every call runs (``BASELINE_KERNEL``: ours; ``DIFFUSERS_BACKEND``: diffusers'); None: the processor's.
+    backend: Optional[str] = None
+
+
+#: Policy name -> entries and step rule, in display order. ``"stock"`` is an alias of ``"bf16"``.
+NAMED_POLICIES = {
+    "bf16": NamedPolicy(("bf16",), StepRule.EVERY_STEP),
+    "stock": NamedPolicy(("bf16",), StepRule.EVERY_STEP),
+    **{name: NamedPolicy((name,), StepRule.EVERY_STEP) for name in PRESETS},
+    "hybrid": NamedPolicy((HYBRID_ENDS, HYBRID_MIDDLE), StepRule.ENDS),
+    HOPPER_HYBRID: NamedPolicy((HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE), StepRule.ENDS),
+    "fa3": NamedPolicy(("fa3",), StepRule.BASELINE_KERNEL, backend="fa3"),
+    "fa3-fp8": NamedPolicy(("fa3-fp8",), StepRule.BASELINE_KERNEL, backend="fa3"),
+    "sage": NamedPolicy((), StepRule.DIFFUSERS_BACKEND, backend="sage"),
+}
 #: Policy name -> (recipe, backend): attention kernels a user would otherwise pick, run through our
 #: processors so that sweeps and ``fsattn e2e`` compare them with the fsattn recipes.
-BASELINE_POLICIES = {"fa3": ("fa3", "fa3"), "fa3-fp8": ("fa3-fp8", "fa3")}
+BASELINE_POLICIES = {name: (row.entries[0], row.backend) for name, row in NAMED_POLICIES.items()
+                     if row.rule is StepRule.BASELINE_KERNEL}
+#: Policy name -> diffusers attention backend (``set_attention_backend``): stock processors on every call, the
+#: attention computed by that diffusers backend (SageAttention: what Wan users run on Hopper).
+DIFFUSERS_BACKEND_POLICIES = {name: row.backend for name, row in NAMED_POLICIES.items()
+                              if row.rule is StepRule.DIFFUSERS_BACKEND}
 
 
 def baseline_policy(name: str) -> "FixedPolicy":
@@ -373,11 +330,6 @@ def baseline_policy(name: str) -> "FixedPolicy":
     policy = FixedPolicy(fa3_backend.FA3_RECIPES[recipe_name])
     policy.backend = backend
     return policy
-
-
-#: Policy name -> diffusers attention backend (``set_attention_backend``): stock processors on every call, the
-#: attention computed by that diffusers backend (SageAttention: what Wan users run on Hopper).
-DIFFUSERS_BACKEND_POLICIES = {"sage": "sage"}
 
 
 class DiffusersBackendPolicy(FixedPolicy):
@@ -409,6 +361,17 @@ def diffusers_backend_policy(name: str) -> DiffusersBackendPolicy:
     return DiffusersBackendPolicy(name, DIFFUSERS_BACKEND_POLICIES[name])
 
 
+def _named_policy(name: str, row: NamedPolicy) -> Policy:
+    """Build the policy of row ``row`` of :data:`NAMED_POLICIES`."""
+    if row.rule is StepRule.EVERY_STEP:
+        return FixedPolicy(parse_entry(row.entries[0]))
+    if row.rule is StepRule.ENDS:
+        return EndsPolicy(*row.entries, HYBRID_N_ENDS, reference_steps=HYBRID_REFERENCE_STEPS, name=name)
+    if row.rule is StepRule.BASELINE_KERNEL:
+        return baseline_policy(name)
+    return diffusers_backend_policy(name)
+
+
 def get_policy(spec: Union[str, Recipe, Policy, Mapping]) -> Policy:
     """Resolve a policy specification (see the module docstring). One-line ValueError when invalid,
     ``None`` included (say ``"bf16"`` for stock attention)."""
@@ -426,20 +389,13 @@ def get_policy(spec: Union[str, Recipe, Policy, Mapping]) -> Policy:
                              f"(required) and reference_steps")
         return EndsPolicy(spec["ends"], spec["middle"], spec["n_ends"], spec.get("reference_steps"))
     if isinstance(spec, str):
-        text = spec.strip()
-        key = text.lower()
-        if key == "hybrid":
-            return hybrid_policy()
-        if key == HOPPER_HYBRID:
-            return hopper_hybrid_policy()
-        if key in BASELINE_POLICIES:
-            return baseline_policy(key)
-        if key in DIFFUSERS_BACKEND_POLICIES:
-            return diffusers_backend_policy(key)
-        if ":" in text or "," in text:
+        key = spec.strip().lower()
+        if key in NAMED_POLICIES:
+            return _named_policy(key, NAMED_POLICIES[key])
+        if ":" in key or "," in key:
             return parse_schedule(key)
-        if key in STOCK_NAMES or key in PRESETS:
-            return FixedPolicy(parse_entry(key))
+        if "+" in key and key.partition("+")[0].strip() in (*PRESETS, *STOCK_NAMES):
+            return FixedPolicy(parse_entry(key))  # a preset with changes, as attention() takes it
         raise ValueError(f"unknown policy {spec!r}; accepted: {_accepted()}")
     raise ValueError(f"policy must be a string, Recipe, mapping or Policy, got {type(spec).__name__}; "
                      f"accepted: {_accepted()}")

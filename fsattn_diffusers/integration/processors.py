@@ -139,8 +139,10 @@ class _FSAttnProcessorBase:
             from .context_parallel import context_parallel_attention
 
             out = context_parallel_attention(q, k, v, entry, self._parallel_config, backend=self.backend)
+            self.tracker.ran_on(entry)
             return out.flatten(2, 3).to(q.dtype)
         out = attention(q, k, v, entry, layout="bshd", kv_lens=kv_lens, q_lens=q_lens, backend=self.backend)
+        self.tracker.ran_on(entry)
         return out.flatten(2, 3).to(q.dtype)
 
     def __repr__(self) -> str:

@@ -184,6 +184,37 @@ class GenerateResult:
     summary: List[str] = field(default_factory=list)
 
 
+def announce_backend(policies, backend: str, device) -> None:
+    """Say before a run's progress bars start, not in their middle, that its fsattn steps run on a slow backend.
+
+    Parameters
+    ----------
+    policies : iterable of Policy
+        The policies of the run; those without an fsattn step (stock attention, diffusers' backends) run nothing.
+    backend : str
+        The backend asked for (``"auto"``: the automatic order); a baseline policy's own backend wins.
+    device : torch.device or str
+        Where the attention runs. The backend named is the first of the order that is usable there; a call that
+        backend cannot take falls back at run time with its own notice. A policy that cannot plan its steps is
+        passed over here (its run reports the failure).
+    """
+    from ..backends import AUTO_ORDER, registered, warn_if_slow
+
+    backends = registered()
+    for policy in policies:
+        try:
+            entries = policy.schedule(policy.reference_steps or 1)
+        except Exception:  # noqa: BLE001 - a policy that cannot plan fails in its run, which reports it
+            continue
+        if all(entry is None for entry in entries):
+            continue
+        name = policy.backend or backend
+        order = [n for n in AUTO_ORDER if n in backends] if name == "auto" else [name]
+        usable = [n for n in order if n in backends and backends[n].available_on(torch.device(device)) is None]
+        if usable:
+            warn_if_slow(usable[0])
+
+
 def generate_video(pipe, prompt: str, *, out: str, height: int, width: int, num_frames: int, steps: int,
                    guidance_scale: float, guidance_scale_2: Optional[float] = None, negative_prompt: str = "",
                    seed: int = 0, fps: int = 16, policy="hybrid", backend: str = "auto",
@@ -194,6 +225,7 @@ def generate_video(pipe, prompt: str, *, out: str, height: int, width: int, num_
     check_video_size(height, width, num_frames)
     kind = model_type(pipe)
     handle = apply(pipe, policy=policy, backend=backend)
+    announce_backend([handle.policy], backend, getattr(pipe, "device", "cpu"))
     pipe.set_progress_bar_config(disable=not progress)
     kwargs = dict(prompt=prompt, height=height, width=width, num_frames=num_frames, num_inference_steps=steps,
                   generator=torch.Generator(device="cpu").manual_seed(seed), output_type="np")

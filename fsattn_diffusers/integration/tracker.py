@@ -20,12 +20,16 @@ from typing import Iterable, List, NamedTuple, Optional, Tuple
 
 import torch
 
+from ..recipe import Recipe
+
 
 class CallRecord(NamedTuple):
     """One attention call: the step it belonged to and the numerics it ran.
 
     ``recipe`` is what ran (``"bf16"`` = stock attention); ``planned`` what the policy asked for;
-    they differ only when a call fell back to stock attention (``note`` says why).
+    they differ only when a call fell back to stock attention (``note`` says why). ``backend`` is the backend that
+    ran the call (``"emulator"``, ``"triton"``, ...; ``"stock"`` for stock attention), the one asked for
+    (``"auto"``) only for calls traced by ``torch.compile``.
     """
 
     step: int
@@ -93,6 +97,15 @@ class StepTracker:
     def add(self, record: CallRecord) -> None:
         if self.record:
             self.records.append(record)
+
+    def ran_on(self, recipe: Recipe) -> None:
+        """Name, in the latest record, the backend that ran its call of ``recipe`` (what ``backend="auto"`` or a
+        fallback picked: :data:`fsattn_diffusers.backends.LAST_RAN`). Eager calls only: while ``torch.compile``
+        traces, records keep the backend asked for."""
+        from ..backends import LAST_RAN
+
+        if self.record and self.records and not torch.compiler.is_compiling() and recipe.name in LAST_RAN:
+            self.records[-1] = self.records[-1]._replace(backend=LAST_RAN[recipe.name])
 
     # -- scheduler ------------------------------------------------------------------------------
     def attach_scheduler(self, scheduler) -> None:

@@ -99,6 +99,7 @@ class XDiTAttention:
                                  attention_kwargs=attention_kwargs)
         want_lse = True if self.need_lse is None else bool(self.need_lse())
         result = attention(query, key, value, entry, layout="bhsd", return_lse=want_lse, backend=self.backend)
+        self.tracker.ran_on(entry)
         return result if want_lse else (result, None)
 
     @torch.compiler.disable  # eager bookkeeping: no graph guards on step counters under compile

@@ -1,7 +1,7 @@
 """PNG figures with matplotlib's Agg canvas (no pyplot state, no display needed).
 
-* :func:`plot_quality_vs_time` — one point per policy: mean PSNR / SSIM / LPIPS against mean time per
-  denoising step (bf16, whose PSNR is infinite, is the dashed reference line).
+* :func:`plot_quality_vs_time` — one point per policy: mean PSNR / 1 − SSIM (log axis) / LPIPS against mean time
+  per denoising step (bf16, whose PSNR is infinite, is the dashed reference line).
 * :func:`plot_psnr_per_frame` — PSNR of each compared frame, one panel per prompt, one line per policy.
 * :func:`plot_frame_grid` — bf16 and each policy side by side at a few frames (paper Figure 4 style).
 * :func:`plot_rollback_heatmap` — ``fsattn capture``: rollback rate per denoising step and layer.
@@ -106,24 +106,37 @@ def label_groups(points: List[tuple], tol: float = 0.02, near: Tuple[float, floa
     return out
 
 
+def _one_minus(value):
+    return 1.0 - value if _finite(value) else None
+
+
 def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) -> str:
-    """Mean quality per policy against mean seconds per denoising step."""
-    metrics = [("psnr_db", "PSNR vs bf16 (dB, higher is better)"), ("ssim", "SSIM vs bf16 (higher is better)")]
+    """Mean quality per policy against mean seconds per denoising step.
+
+    SSIM is drawn as 1 − SSIM on a log axis: near 1 its differences are in the 4th to 7th decimal, which linear
+    ticks cannot show; a policy with SSIM exactly 1 (identical to bf16) has no point there.
+    """
+    metrics = [("psnr_db", "PSNR vs bf16 (dB, higher is better)", None, False),
+               ("ssim", "1 − SSIM vs bf16 (log scale, lower is better)", _one_minus, True)]
     if lpips_available:
-        metrics.append(("lpips", "LPIPS vs bf16 (lower is better)"))
+        metrics.append(("lpips", "LPIPS vs bf16 (lower is better)", None, False))
     fig = _figure(4.2 * len(metrics), 3.6)
     ref = next((m for m in means if m["policy"] == "bf16"), None)
     styles = series_styles([m["policy"] for m in means if m["policy"] != "bf16"])
     legend = {}
-    for i, (key, title) in enumerate(metrics):
+    for i, (key, title, transform, log) in enumerate(metrics):
         ax = fig.add_subplot(1, len(metrics), i + 1)
-        points = [(m["policy"], m.get("step_s"), m.get(key)) for m in means if m["policy"] != "bf16"]
-        points = [(label, x, y) for label, x, y in points if _finite(x) and _finite(y)]
+        points = [(m["policy"], m.get("step_s"), (transform or (lambda v: v))(m.get(key)))
+                  for m in means if m["policy"] != "bf16"]
+        points = [(label, x, y) for label, x, y in points if _finite(x) and _finite(y) and (y > 0 or not log)]
         for label, x, y in points:
             color, marker = styles[label]
             legend.setdefault(label, ax.scatter([x], [y], s=36, color=[color], marker=marker, label=label))
-        for labels, x, y, row in label_groups(points):
-            # coincident points share one label; labels of nearby points go on separate rows
+        if log:
+            ax.set_yscale("log")
+        # coincident points share one label; labels of nearby points go on separate rows (log axes: in log10 y)
+        for labels, x, _, row in label_groups([(lb, x, math.log10(y) if log else y) for lb, x, y in points]):
+            y = next(py for lb, _, py in points if lb == labels[0])
             ax.annotate(", ".join(labels), (x, y), textcoords="offset points", xytext=(4, 4 - 10 * row), fontsize=8)
         if ref is not None and _finite(ref.get("step_s")):
             ax.axvline(ref["step_s"], color="0.4", linestyle="--", linewidth=1)
@@ -131,7 +144,8 @@ def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) ->
                         rotation=90, fontsize=7, color="0.3", xytext=(3, 0), textcoords="offset points")
         ax.margins(x=0.15, y=0.1)  # room for the labels of the outermost points
         ax.set_xlabel("time per denoising step (s)")
-        ax.ticklabel_format(axis="y", useOffset=False)
+        if not log:
+            ax.ticklabel_format(axis="y", useOffset=False)
         ax.set_title(title, fontsize=9)
         ax.grid(True, alpha=0.3)
     fig.tight_layout()
@@ -143,7 +157,8 @@ def plot_quality_vs_time(means: List[Dict], path: str, lpips_available: bool) ->
 def plot_psnr_per_frame(curves: Dict[str, Dict[str, tuple]], path: str) -> str:
     """``curves[prompt_id][policy] = (frame indices, PSNR values)``.
 
-    Finite values are lines; an identical frame (PSNR ``inf``) is a triangle on the top edge.
+    Finite values are lines; an identical frame (PSNR ``inf``) is a triangle on the top edge, and a panel's title
+    explains the triangle only when the panel draws one.
     """
     from matplotlib.ticker import MaxNLocator
     from matplotlib.transforms import blended_transform_factory
@@ -157,6 +172,7 @@ def plot_psnr_per_frame(curves: Dict[str, Dict[str, tuple]], path: str) -> str:
     for n, pid in enumerate(panels):
         ax = fig.add_subplot(rows, cols, n + 1)
         top = blended_transform_factory(ax.transData, ax.transAxes)
+        identical = False
         for policy, (idx, values) in curves[pid].items():
             pts = [(i, v) for i, v in zip(idx, values) if _finite(v)]
             infs = [i for i, v in zip(idx, values) if not _finite(v)]
@@ -165,10 +181,12 @@ def plot_psnr_per_frame(curves: Dict[str, Dict[str, tuple]], path: str) -> str:
                            color=color)[0]
             legend.setdefault(policy, line)
             if infs:
+                identical = True
                 ax.plot(infs, [1.0] * len(infs), linestyle="none", marker="^", markersize=6, clip_on=False,
                         color=line.get_color(), transform=top)
         ax.xaxis.set_major_locator(MaxNLocator(integer=True))
-        ax.set_title(f"{pid}  (▲ on the top edge: frame identical to bf16, PSNR inf)", fontsize=8)
+        ax.set_title(pid + ("  (▲ on the top edge: frame identical to bf16, PSNR inf)" if identical else ""),
+                     fontsize=8)
         ax.set_xlabel("frame")
         ax.set_ylabel("PSNR vs bf16 (dB)")
         ax.grid(True, alpha=0.3)

@@ -160,3 +160,20 @@ def format_metric(value, digits: int = 4) -> str:
     if isinstance(value, float) and math.isinf(value):
         return "inf" if value > 0 else "-inf"
     return f"{value:.{digits}f}"
+
+
+def means_text(means: List[Dict]) -> str:
+    """The per-policy means of :func:`policy_means` as an aligned text table for the terminal.
+
+    Columns: policy, PSNR (dB, ``inf`` for a video identical to bf16), SSIM, LPIPS (``unavailable`` without its
+    weights), mean seconds per denoising step, videos that failed; ``–`` where nothing was compared.
+    """
+    def cell(value, digits):
+        return "–" if value is None else value if isinstance(value, str) else format_metric(value, digits)
+
+    header = ("policy", "PSNR dB", "SSIM", "LPIPS", "s/step", "failed")
+    body = [(m["policy"], cell(m["psnr_db"], 2), cell(m["ssim"], 6), cell(m["lpips"], 4), cell(m["step_s"], 3),
+             str(m["failed"])) for m in means]
+    widths = [max(len(row[i]) for row in [header] + body) for i in range(len(header))]
+    return "\n".join("  ".join(c.ljust(w) if i == 0 else c.rjust(w) for i, (c, w) in enumerate(zip(row, widths)))
+                     .rstrip() for row in [header] + body)

@@ -290,6 +290,9 @@ def run_sweep(pipe, spec: VideoSpec, prompts: Sequence[str], policies: Sequence,
     named = [(f"p{i:02d}", p) for i, p in enumerate(prompts)]
     store = VideoStore(out)
     lpips = lpips or unavailable("not requested")
+    from ..integration.runner import announce_backend
+
+    announce_backend([it.policy for it in items], spec.backend, getattr(pipe, "device", "cpu"))
     rows = generate_all(pipe, spec, named, items, store, indices, progress, warmup)
     compare_all(rows, store, items, indices, lpips)
     result = SweepResult(out, spec, named, items, every, indices, rows, lpips.describe(), lpips.available)
