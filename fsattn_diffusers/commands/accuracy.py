@@ -137,7 +137,7 @@ def _versions(meta) -> None:
             meta[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             meta[key] = None
-    from ..backends.sage_backend import sage_identity, sage_missing
+    from ..integration.sage import sage_identity, sage_missing
 
     # which SageAttention is imported, from the module itself (a PyPI 1.0.6 beside a source build misreports)
     meta["sageattention"] = sage_identity() or {"missing": sage_missing()}

@@ -371,10 +371,10 @@ class DiffusersBackendPolicy(FixedPolicy):
 def diffusers_backend_policy(name: str) -> DiffusersBackendPolicy:
     """The policy of :data:`DIFFUSERS_BACKEND_POLICIES` ``name``. One-line ValueError when its package is not
     importable or diffusers refuses the backend (``sage``: diffusers checks the installed distribution's version)."""
-    from ..backends import sage_backend
+    from . import sage
 
-    identity = sage_backend.require_sage(f"the {name} policy")
-    why = sage_backend.diffusers_refusal(identity)
+    identity = sage.require_sage(f"the {name} policy")
+    why = sage.diffusers_refusal(identity)
     if why is not None:
         raise ValueError(f"the {name} policy runs diffusers' {DIFFUSERS_BACKEND_POLICIES[name]} backend; {why}")
     return DiffusersBackendPolicy(name, DIFFUSERS_BACKEND_POLICIES[name])

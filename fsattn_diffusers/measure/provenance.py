@@ -81,7 +81,7 @@ def policy_record(policy: str, steps: int = 20) -> Dict:
         recipe_name, backend = BASELINE_POLICIES[policy]
         return recipe_record(FA3_RECIPES[recipe_name], backend)
     if policy in DIFFUSERS_BACKEND_POLICIES:  # stock processors on a diffusers backend: which one, and what it ran
-        from ..backends.sage_backend import sage_identity
+        from ..integration.sage import sage_identity
 
         return {**baseline_record(), "attention_backend": f"diffusers:{DIFFUSERS_BACKEND_POLICIES[policy]}",
                 "sageattention": sage_identity()}

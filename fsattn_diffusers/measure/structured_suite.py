@@ -13,7 +13,7 @@ and, against it, the global relative error and the cosine of
   and in FP8 E4M3 with per-(batch, head) scales ``amax / 448`` and the matching descales (``fa3-fp8``),
   and SageAttention's ``sageattn`` (``sage``: SageAttention 2 where its sm90 build is importable, else the
   installed one, e.g. PyPI's 1.0.6; the result's ``sageattention`` says which,
-  :func:`fsattn_diffusers.backends.sage_backend.sage_identity`).
+  :func:`fsattn_diffusers.integration.sage.sage_identity`).
 
 Every column also records how many output elements are NaN/inf where exact attention is finite, and
 whether the call left its inputs unchanged (compared with a copy taken before the call).
@@ -93,7 +93,7 @@ def external_columns(device: torch.device) -> Tuple[Dict[str, Callable], List[st
             out = fa3(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=qd, k_descale=kd, v_descale=vd)
             return _first(out).transpose(1, 2)
         cols["fa3-bf16"], cols[FA3_FP8] = fa3_bf16, fa3_fp8
-    from ..backends.sage_backend import sage_call, sage_missing
+    from ..integration.sage import sage_call, sage_missing
 
     why = sage_missing()
     if why is not None:
@@ -189,7 +189,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     inputs_unchanged, ...}}}), ``columns`` (names in order), ``recipes`` (every field of each fsattn column's
     recipe), ``computed_numerics`` ({column: what its backend computed, ``"baseline"`` for FA3/SageAttention}),
     ``recipe_formats`` ({recipe column: MX format}), ``sageattention`` (which SageAttention the ``sage`` column ran,
-    :func:`~fsattn_diffusers.backends.sage_backend.sage_identity`; None without that column), ``notes`` (absent
+    :func:`~fsattn_diffusers.integration.sage.sage_identity`; None without that column), ``notes`` (absent
     columns, fallbacks), ``exact`` (how the reference was computed) and ``seconds``.
     """
     if len(shape) != 3 or min(shape) < 1:
@@ -239,7 +239,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
         columns.update({name: (fn, False) for name, fn in ext.items()})
     sage = None
     if "sage" in columns:
-        from ..backends.sage_backend import sage_identity
+        from ..integration.sage import sage_identity
 
         sage = sage_identity()
     t_start = time.perf_counter()
