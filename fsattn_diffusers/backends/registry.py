@@ -31,8 +31,8 @@ class CudaCapability:
     """A device rule: NVIDIA CUDA devices of exactly these compute capabilities (no "or newer": a later architecture
     may lack the instructions the kernels use), with the Python modules the kernels import.
 
-    Calling it with a device returns ``None`` when the device is taken, else one clause saying why not, e.g.
-    ``"Hopper kernels need compute capability 9.0 (sm_90); this device is 10.0"``.
+    Calling it with a device returns ``None`` when the device is taken, else one clause saying why not: on a CUDA
+    device of another capability, the capabilities taken (with their ``sm_`` names) and the device's own.
     """
 
     #: The (major, minor) capabilities taken.
@@ -41,6 +41,8 @@ class CudaCapability:
     label: str
     #: Modules that must import (e.g. ``("triton",)``).
     modules: Tuple[str, ...] = ()
+    #: The ptxas ``-arch`` the kernels are compiled for (offline compile reports), when one.
+    ptxas_arch: Optional[str] = None
 
     @property
     def arch_names(self) -> Tuple[str, ...]:

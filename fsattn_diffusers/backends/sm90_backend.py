@@ -15,8 +15,9 @@ from ..recipe import Numerics
 from .contract import AttentionRequest, AttentionResult, Speed, SpeedClass
 from .registry import Backend, CudaCapability, register_backend
 
-#: Devices the kernels take: compute capability 9.0 (sm_90; the kernels are built for sm_90a), with triton.
-HOPPER = CudaCapability(capabilities=((9, 0),), label="Hopper kernels", modules=("triton",))
+#: Devices the kernels take: compute capability 9.0 (sm_90) with triton; compiled for sm_90a (wgmma needs the
+#: arch-specific target).
+HOPPER = CudaCapability(capabilities=((9, 0),), label="Hopper kernels", modules=("triton",), ptxas_arch="sm_90a")
 #: Q/K or P formats that carry one scale per 32 elements of P's keys or Q/K's channels: the MX blocks Hopper's GEMMs
 #: cannot take, so these kernels run them no faster than mxfp8.
 MX_BLOCK_FORMATS = ("mxfp6", "mxfp4")

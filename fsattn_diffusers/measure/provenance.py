@@ -3,7 +3,7 @@
 * :func:`header`: device, versions, date, commit and command of a run (the result file's ``meta``).
 * :func:`recipe_record`: the fields a result row adds for an fsattn recipe: ``recipe`` (the full resolved
   :class:`~fsattn_diffusers.recipe.Recipe`, every field) and ``computed_numerics`` (what the backend that ran
-  computes: the Hopper kernels compute the ``sm90`` variant whatever ``Recipe.numerics`` says, NUMERICS.md §6).
+  computes: the Hopper kernels compute their own variant whatever ``Recipe.numerics`` says, NUMERICS.md §6).
 * :func:`baseline_record`: the same fields for a row that no fsattn recipe produced (SDPA, FA3, stock attention).
 * :func:`recipes_markdown`: the same for a markdown report (one line per recipe).
 * :func:`result_rows`: every row of a committed result file, for the check that each carries both fields.
