@@ -11,8 +11,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import differentiable, nonfinite
-from .backends import AttentionRequest, detect_nonfinite, run_checked
+from . import differentiable
+from .backends import AttentionRequest, AttentionResult, run_backend, run_checked
 from .formats import MX_BLOCK
 from .recipe import Recipe, get_recipe
 
@@ -137,10 +137,11 @@ def attention(
         float64 attention, so the damage is what exact attention gives (one NaN in q: its row; one +inf
         in k: the rows whose score with that key is +inf) and the other slices are the recipe's values.
         With ``True`` a ``ValueError`` naming the tensors and counts, raised before any work. The check
-        costs one host sync per call: a backend that finds the flags in its own reads (the Triton kernels' pre-pass,
-        ``Backend.detects_nonfinite``) stages them so that the sync waits for its pre-pass only and the call
-        returns while the attention kernel runs; the other backends (and ``strict=True``, before the backend) take one extra read of q, k, v and wait for it.
-        It is skipped while ``torch.compile`` traces (NUMERICS.md section 8).
+        costs one host sync per call: a backend that finds the flags in its own reads (the Triton kernels'
+        pre-pass, ``Backend.detects_nonfinite``) stages them so that the sync waits for its pre-pass only and
+        the call returns while the attention kernel runs; the other backends (and ``strict=True``, before the
+        backend) take one extra read of q, k, v and wait for it. It is skipped while ``torch.compile`` traces
+        (NUMERICS.md section 8; :func:`fsattn_diffusers.backends.run_checked`).
 
     Gradients: with grad mode on and an input that requires grad, recipes without quantized operands
     and with the exact exponential (``exact``, ``bf16``) run a differentiable PyTorch path (the
@@ -172,24 +173,19 @@ def attention(
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
     request = AttentionRequest(q, k, v, recipe, scale, kv_lens=lens, q_lens=qlens, return_lse=return_lse,
                                return_stats=return_stats)
-    # strict: detect first and fail before any work; otherwise the backend may find the flags in its own reads
-    flags = detect_nonfinite(q, k, v, lens) if strict else None
-    flagged = nonfinite.any_flagged(flags) if strict else None
-    if flagged:
-        nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, lens))
     grad = differentiable.wants_grad(q, k, v)
-    if grad and differentiable.supports(recipe):
-        out, lse, stats = differentiable.attention(q, k, v, recipe, scale=scale, kv_lens=lens,
-                                                   return_lse=return_lse, return_stats=return_stats)
-        if flags is None:
-            flags = detect_nonfinite(q, k, v, lens)
-        if nonfinite.any_flagged(flags) if flagged is None else flagged:  # exact arithmetic already: warn only
-            nonfinite.warn_counts(nonfinite.count_nonfinite(q, k, v, flags, lens), int(flags.sum()))
+    exact = grad and differentiable.supports(recipe)
+    if exact:  # exact arithmetic on the recipe's operand roundings: non-finite inputs are warned about, not repaired
+        def run(r):
+            return AttentionResult(*differentiable.attention(r.q, r.k, r.v, r.recipe, scale=r.scale, kv_lens=r.kv_lens,
+                                                             return_lse=r.return_lse, return_stats=r.return_stats))
     else:
-        res = run_checked(backend, request, strict=strict, flags=flags, flagged=flagged)
-        out, lse, stats = res.out, res.lse, res.stats
-        if grad:  # forward as usual; a backward through the result raises the one-line refusal
-            out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
+        def run(r):
+            return run_backend(backend, r)
+    res = run_checked(run, request, strict=strict, repair=not exact)
+    out, lse, stats = res.out, res.lse, res.stats
+    if grad and not exact:  # forward as usual; a backward through the result raises the one-line refusal
+        out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
     if layout == "bshd":
         out = out.transpose(1, 2)
     extras = ([lse] if return_lse else []) + ([stats] if return_stats else [])

@@ -128,35 +128,53 @@ def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
     return nonfinite.detect(q, k, v, kv_lens)
 
 
-def run_checked(name: str, request: AttentionRequest, *, strict: bool, flags: Optional[torch.Tensor] = None,
-                flagged: Optional[bool] = None) -> AttentionResult:
-    """Run ``request`` on backend ``name`` under the non-finite contract (NUMERICS.md section 8).
+def run_checked(run: Callable[[AttentionRequest], AttentionResult], request: AttentionRequest, *, strict: bool,
+                repair: bool = True) -> AttentionResult:
+    """``run(request)`` under the non-finite contract (NUMERICS.md section 8): the one place that handles NaN and inf
+    inputs, whichever backend (or the differentiable path) computes.
 
-    ``flags``: (B, H) bool non-finite flags already found (``strict`` detects before any work; ``flagged``: whether
-    any is set, when already known), else the backend
-    that runs is asked for them (``request.detect_nonfinite``) and, when it does not find them in its own reads
-    (``Backend.detects_nonfinite``), one detection pass follows. Flagged slices are repaired by
-    :func:`fsattn_diffusers.nonfinite.repair` (exact float64 attention; ``strict`` raises). Skipped while
-    ``torch.compile`` traces.
+    Parameters
+    ----------
+    run : ``run(request) -> AttentionResult``
+        E.g. ``lambda r: run_backend(name, r)``. Asked for the flags (``request.detect_nonfinite``) unless ``strict``
+        found them first; a result without them (``Backend.detects_nonfinite`` false) costs one detection pass.
+    request : AttentionRequest
+    strict : bool
+        Detect before any work and raise the one-line ValueError when an element is non-finite.
+    repair : bool
+        Overwrite the flagged (batch, head) slices with exact float64 attention
+        (:func:`fsattn_diffusers.nonfinite.repair`; a per-tensor scale is first re-run on cleaned inputs); False when
+        ``run`` computes exact arithmetic already (then only the one-time warning).
+
+    Returns
+    -------
+    AttentionResult
+        ``run``'s result with the flagged slices repaired. Nothing is checked while ``torch.compile`` traces.
     """
+    q, k, v, kv_lens = request.q, request.k, request.v, request.kv_lens
+    flags = detect_nonfinite(q, k, v, kv_lens) if strict else None  # strict: fail before any work
+    flagged = nonfinite.any_flagged(flags) if strict else None
+    if flagged:
+        nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, kv_lens))
     detect = flags is None and not torch.compiler.is_compiling()
-    res = run_backend(name, request.with_operands(request.q, request.k, request.v, detect_nonfinite=detect))
-    if flags is not None and flagged is None:
-        flagged = nonfinite.any_flagged(flags)
+    res = run(request.with_operands(q, k, v, detect_nonfinite=detect))
     if detect:  # the backend's own flags (staged before its last kernel), else one detection pass now
         staged = res.nonfinite if res.nonfinite is not None else nonfinite.StagedFlags(
-            detect_nonfinite(request.q, request.k, request.v, request.kv_lens))
+            detect_nonfinite(q, k, v, kv_lens))
         flags, flagged = staged.flags, staged.any()
-    if flagged:
-        def rerun(q, k, v):
-            r = run_backend(name, request.with_operands(q, k, v, detect_nonfinite=False))
-            return r.out, r.lse, r.stats
+    if not flagged:
+        return res
+    if not repair:
+        nonfinite.warn_counts(nonfinite.count_nonfinite(q, k, v, flags, kv_lens), int(flags.sum()))
+        return res
 
-        out, lse, stats = nonfinite.repair(flags, request.q, request.k, request.v, res.out, res.lse, res.stats,
-                                           request.recipe, scale=request.scale, kv_lens=request.kv_lens,
-                                           strict=strict, rerun=rerun)
-        res = AttentionResult(out, lse, stats, res.nonfinite)
-    return res
+    def rerun(q_, k_, v_):
+        r = run(request.with_operands(q_, k_, v_, detect_nonfinite=False))
+        return r.out, r.lse, r.stats
+
+    out, lse, stats = nonfinite.repair(flags, q, k, v, res.out, res.lse, res.stats, request.recipe,
+                                       scale=request.scale, kv_lens=kv_lens, strict=strict, rerun=rerun)
+    return AttentionResult(out, lse, stats, res.nonfinite)
 
 
 __all__ = ["AttentionRequest", "AttentionResult", "Backend", "CudaCapability", "Speed", "SpeedClass", "LAST_RAN",
