@@ -3,6 +3,8 @@ returns one AttentionResult; the Hopper kernels take compute capability 9.0 only
 none of them, ``auto`` picks the next backend and ``fsattn info`` says why (CPU only: the capability is faked)."""
 
 import inspect
+import sys
+import types
 import typing
 
 import pytest
@@ -35,7 +37,7 @@ def _request(recipe="mxfp8", dtype=torch.float32, **kw):
     return AttentionRequest(q, k, v, PRESETS[recipe] if isinstance(recipe, str) else recipe, 0.125, **kw)
 
 
-def test_a_faked_sm100_device_is_offered_no_hopper_kernel_and_auto_picks_the_next(fake_capability):
+def test_a_faked_sm100_device_is_offered_no_hopper_kernel_and_auto_picks_the_next(fake_capability, monkeypatch):
     fake_capability((10, 0))
     usable = availability(CUDA0)
     print(usable)
@@ -47,7 +49,8 @@ def test_a_faked_sm100_device_is_offered_no_hopper_kernel_and_auto_picks_the_nex
     assert chosen.name == "emulator" and notable == []  # absent backends are passed over silently under auto
     chosen, notable = pick("triton", _request(), device=CUDA0)
     assert chosen.name == "emulator" and notable == [f"triton: {HOPPER_REFUSAL}"]
-    fake_capability((9, 0))  # the same query on a Hopper GPU offers the Hopper kernels (triton is installed here)
+    fake_capability((9, 0))  # the same query on a Hopper GPU offers the Hopper kernels (triton faked where absent)
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
     assert availability(CUDA0)["triton"] is None and fast_path(PRESETS["mxfp8"], CUDA0)[0] == "triton"
     assert fast_path(PRESETS["mxfp4"], CUDA0)[1].speed_class == SpeedClass.WIDENED
 

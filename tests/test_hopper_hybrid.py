@@ -1,6 +1,8 @@
 """The Hopper hybrid policy (int8-bf16 on the end steps, mxfp8 between) and the one-time notice that MXFP6/MXFP4
 steps run no faster than mxfp8 on a Hopper GPU (faked here through the capability query: CPU only)."""
 
+import sys
+import types
 import warnings
 
 import pytest
@@ -70,8 +72,10 @@ def test_which_steps_hopper_runs_no_faster_than_mxfp8(monkeypatch):
 
 
 def _fake_device(monkeypatch, capability):
-    """``capability`` (major, minor) of a faked CUDA device, or None for a machine without CUDA."""
+    """``capability`` (major, minor) of a faked CUDA device, or None for a machine without CUDA; triton, which the
+    Hopper kernels need, is faked where it is not installed."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
 
     def query(device=None):
         if capability is None:
