@@ -5,10 +5,13 @@ They compute the ``sm90`` numerics variant of every recipe (:mod:`fsattn_diffuse
 Their pre-pass reads every element of q, k, v (keys before ``kv_lens``) and flags the non-finite slices itself
 (``detects_nonfinite``), and ``kernels.nonfinite_flags`` is their standalone detection pass. Formats with one scale
 per 32 keys of P or channels of Q/K (MXFP6, MXFP4) are carried in E4M3 here: no faster than mxfp8 (speed class
-``widened``). Every import of ``kernels`` outside the Wan RoPE (:mod:`.rope`) is in this module.
+``widened``). The library core imports ``kernels`` here and in :mod:`.rope` (Wan's RoPE) only; the measurement
+harnesses (``measure/``, ``commands/``) also call the kernels directly.
 """
 
 from __future__ import annotations
+
+from typing import Optional
 
 from ..formats import QKFormat
 from ..recipe import Numerics
@@ -32,13 +35,15 @@ def speed(recipe) -> Speed:
     return Speed(SpeedClass.NATIVE)
 
 
-def refuses(request: AttentionRequest):
+def refuses(request: AttentionRequest) -> Optional[str]:
+    """Why the kernels cannot take ``request`` (the plan's rule on the recipe and head dim), or None."""
     from ..kernels.plan import unsupported_reason
 
     return unsupported_reason(request.recipe, request.q.shape[-1])
 
 
 def run(request: AttentionRequest) -> AttentionResult:
+    """The call on the kernels: the INT8 Q/K kernel for INT8 recipes, else the plan's kernel variant."""
     r = request
     args = dict(scale=r.scale, kv_lens=r.kv_lens, return_lse=r.return_lse, return_stats=r.return_stats,
                 detect_nonfinite=r.detect_nonfinite, q_lens=r.q_lens)
