@@ -11,8 +11,8 @@ from typing import Optional, Sequence, Union
 
 import torch
 
-from . import differentiable, nonfinite
-from .backends import detect_nonfinite, run_backend
+from . import differentiable
+from .backends import AttentionRequest, AttentionResult, run_backend, run_checked
 from .formats import MX_BLOCK
 from .recipe import Recipe, get_recipe
 
@@ -126,19 +126,22 @@ def attention(
         Also return a dict with ``rollbacks`` (row-level rollback events), ``tiles`` (query tile x key
         tile pairs visited), ``rollback_tiles`` (pairs where any row rolled back), ``rollback_rate``.
     backend : str
-        ``"auto"`` (Triton on CUDA sm_90+, AITER on ROCm, else the emulator), or a backend name. The Hopper
-        kernels compute the recipe's ``sm90`` variant whatever ``Recipe.numerics`` says (NUMERICS.md §6); the
-        emulator computes the variant the recipe names.
+        ``"auto"`` (the first backend of :func:`~fsattn_diffusers.backends.auto_order` that takes the operands'
+        device and the call: the Triton kernels on a Hopper GPU, AITER on ROCm, else the emulator), or a backend
+        name. A kernel backend computes its own numerics variant whatever ``Recipe.numerics`` says
+        (``Backend.computes``; the Hopper kernels: NUMERICS.md §6); the emulator computes the variant the recipe
+        names.
     strict : bool
         Non-finite inputs (NaN, +-inf in q, or in k/v at keys before ``kv_lens``): with ``False`` (default)
         one warning per process, and the (batch, head) slices that hold them are computed with exact
         float64 attention, so the damage is what exact attention gives (one NaN in q: its row; one +inf
         in k: the rows whose score with that key is +inf) and the other slices are the recipe's values.
         With ``True`` a ``ValueError`` naming the tensors and counts, raised before any work. The check
-        costs one host sync per call: the Triton backend finds the flags in its pre-pass's own reads and the
-        sync waits for the pre-pass only, so the call returns while the attention kernel runs; the other
-        backends (and ``strict=True``, before the backend) take one extra read of q, k, v and wait for it.
-        It is skipped while ``torch.compile`` traces (NUMERICS.md section 8).
+        costs one host sync per call: a backend that finds the flags in its own reads (the Triton kernels'
+        pre-pass, ``Backend.detects_nonfinite``) stages them so that the sync waits for its pre-pass only and
+        the call returns while the attention kernel runs; the other backends (and ``strict=True``, before the
+        backend) take one extra read of q, k, v and wait for it. It is skipped while ``torch.compile`` traces
+        (NUMERICS.md section 8; :func:`fsattn_diffusers.backends.run_checked`).
 
     Gradients: with grad mode on and an input that requires grad, recipes without quantized operands
     and with the exact exponential (``exact``, ``bf16``) run a differentiable PyTorch path (the
@@ -168,34 +171,21 @@ def attention(
     qlens = _as_lens(q_lens, b, s_q, q.device, "q_lens", "query")
     if layout == "bshd":  # views, no copies
         q, k, v = q.transpose(1, 2), k.transpose(1, 2), v.transpose(1, 2)
-    # strict: detect first and fail before any work; otherwise the backend may find the flags in its own reads
-    flags = detect_nonfinite(q, k, v, lens) if strict else None
-    flagged = nonfinite.any_flagged(flags) if strict else None
-    if flagged:
-        nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, lens))
+    request = AttentionRequest(q, k, v, recipe, scale, kv_lens=lens, q_lens=qlens, return_lse=return_lse,
+                               return_stats=return_stats)
     grad = differentiable.wants_grad(q, k, v)
-    if grad and differentiable.supports(recipe):
-        out, lse, stats = differentiable.attention(q, k, v, recipe, scale=scale, kv_lens=lens,
-                                                   return_lse=return_lse, return_stats=return_stats)
-        if flags is None:
-            flags = detect_nonfinite(q, k, v, lens)
-        if nonfinite.any_flagged(flags) if flagged is None else flagged:  # exact arithmetic already: warn only
-            nonfinite.warn_counts(nonfinite.count_nonfinite(q, k, v, flags, lens), int(flags.sum()))
+    exact = grad and differentiable.supports(recipe)
+    if exact:  # exact arithmetic on the recipe's operand roundings: non-finite inputs are warned about, not repaired
+        def run(r):
+            return AttentionResult(*differentiable.attention(r.q, r.k, r.v, r.recipe, scale=r.scale, kv_lens=r.kv_lens,
+                                                             return_lse=r.return_lse, return_stats=r.return_stats))
     else:
-        def run(q_, k_, v_, detect=False):
-            return run_backend(backend, q_, k_, v_, recipe, scale=scale, kv_lens=lens, return_lse=return_lse,
-                               return_stats=return_stats, detect_nonfinite=detect, q_lens=qlens)
-        detect = flags is None and not torch.compiler.is_compiling()
-        out, lse, stats, staged = run(q, k, v, detect)
-        if detect:  # the backend's own flags (staged before its last kernel), else one detection pass now
-            staged = staged if staged is not None else nonfinite.StagedFlags(detect_nonfinite(q, k, v, lens))
-            flags = staged.flags
-            flagged = staged.any()
-        if flagged:  # strict or detected above; None only while torch.compile traces (the check is skipped)
-            out, lse, stats = nonfinite.repair(flags, q, k, v, out, lse, stats, recipe, scale=scale, kv_lens=lens,
-                                               strict=strict, rerun=lambda *t: run(*t)[:3])
-        if grad:  # forward as usual; a backward through the result raises the one-line refusal
-            out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
+        def run(r):
+            return run_backend(backend, r)
+    res = run_checked(run, request, strict=strict, repair=not exact)
+    out, lse, stats = res.out, res.lse, res.stats
+    if grad and not exact:  # forward as usual; a backward through the result raises the one-line refusal
+        out, lse = differentiable.inference_only(out, lse, recipe, q, k, v)
     if layout == "bshd":
         out = out.transpose(1, 2)
     extras = ([lse] if return_lse else []) + ([stats] if return_stats else [])

@@ -13,7 +13,7 @@ import enum
 
 class Mode(str, enum.Enum):
     """A mode named by a string. A member compares, hashes, formats, prints and serializes as its value, so
-    ``Recipe(numerics="sm90").numerics == "sm90"`` and ``{"sm90": 1}[Numerics.SM90] == 1``."""
+    ``Recipe(numerics="mi355x").numerics == "mi355x"`` and ``{"mi355x": 1}[Numerics.MI355X] == 1``."""
 
     __hash__ = str.__hash__
 

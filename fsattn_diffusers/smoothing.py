@@ -3,7 +3,7 @@
 Softmax is invariant to a constant per row, so subtracting K's mean over the keys from every key moves each row's
 scores by ``q_i . k_mean`` and changes nothing else; subtracting Q's mean from every query removes ``q_mean . k_j``
 from the scores, a term per key that is added back before the exponential (float32 in the MI355X semantics; on Hopper
-as the kernel's chained-wgmma E4M3 terms, ``sm90_numerics.key_term``). What stays for the
+as the kernel's chained-wgmma E4M3 terms, the Hopper numerics' ``key_term``). What stays for the
 quantized GEMM are the parts that vary between tokens. These functions are shared by the emulator and the kernels'
 host code, so both see the same means, bias and LSE correction bit for bit on one device.
 """

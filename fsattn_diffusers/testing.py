@@ -21,7 +21,7 @@ from typing import Optional, Sequence, Tuple, Union
 import torch
 
 
-#: The kernel rule. A kernel computes its reference's numerics (``sm90_numerics``) with one arithmetic difference the
+#: The kernel rule. A kernel computes its reference's numerics (the Hopper variant) with one arithmetic difference the
 #: reference does not model: the FP8 tensor cores sum each score's products with ~13 mantissa bits below the largest
 #: exponent they add (not fp32; no simple model of it matched the H200 bit for bit). A score that moves by that much
 #: flips some of Stage-A's and P's roundings (an E4M3 step is 1/16 to 1/8 of P), so an element moves by about
@@ -34,7 +34,7 @@ import torch
 KERNEL_ERR_ATOL = 5e-4
 KERNEL_ERR_REL = 0.02
 KERNEL_REF_MAX = 2e-2
-#: The INT8 Q/K kernel against its reference (``SM90Int8Numerics``): its scores are exact integers and Stage-A one FMA
+#: The INT8 Q/K kernel against its reference (the Hopper INT8 numerics): its scores are exact integers and Stage-A one FMA
 #: the reference reproduces, so what is left is the fp32 summation order of O and l on the tensor cores and one score
 #: in ~2^12 whose fp32 product ``S * float32(s_q s_k)`` rounds across a step of Stage-A's 1/128 grid (one BF16 unit of
 #: one P). Both move the output far below its BF16 rounding (2^-8): outputs within 2^-10. In a row dominated by one

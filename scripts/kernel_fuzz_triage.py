@@ -1,12 +1,12 @@
 """Re-run kernel fuzz cases once per kernel path, to place a failure: the same seeded case (inputs, kv_lens, layout)
-through ``gluon_pingpong``, ``triton`` and the public call, each against the sm90 reference and exact attention.
+through ``gluon_pingpong``, ``triton`` and the public call, each against the Hopper reference and exact attention.
 
     python3 scripts/kernel_fuzz_triage.py [--seed 0] [--cases 300] [--max-work N] [--recipes A,B] LOG_OR_INDEX ...
 
 ``LOG_OR_INDEX``: a fuzz log (``scripts/gpu_suite_h200.sh fuzz`` writes ``kernel_fuzz_h200.txt``), whose ``FAIL`` lines
 give the case indices, or case indices. The case list is ``tests/test_kernel_fuzz_gpu.py``'s (same recipes, variants,
 seed and work cap), so the numbers are the fuzz's. ``--recipes`` runs each case's inputs under these recipes too (is
-a failure the recipe's or the kernel path's?). Needs a CUDA GPU with sm_90; prints one line per (case, recipe, path).
+a failure the recipe's or the kernel path's?). Needs a Hopper GPU; prints one line per (case, recipe, path).
 """
 
 from __future__ import annotations

@@ -123,9 +123,10 @@ def test_q_smoothing_switch_counts_only_the_queries_before_q_lens(fake_aiter, of
 
 
 def test_head_dim_other_than_128_is_refused(fake_aiter):
-    q = torch.randn(1, 40, 2, 64)
-    assert "head dim 128" in aiter_backend._unsupported(q.transpose(1, 2), q, q, fa.PRESETS["mxfp6"],
-                                                        kv_lens=None, return_lse=False)
+    from fsattn_diffusers.backends import AttentionRequest
+
+    q = torch.randn(1, 2, 40, 64)
+    assert "head dim 128" in aiter_backend._unsupported(AttentionRequest(q, q, q, fa.PRESETS["mxfp6"], 0.125))
 
 
 def test_unavailable_without_rocm():

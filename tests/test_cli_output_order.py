@@ -1,10 +1,14 @@
 """What a command prints where the user looks: notices before the progress bars, the results table at the end."""
 
+import pytest
+
 from fsattn_diffusers import backends, cli
 
 SMALL = ["--steps", "1", "--frames", "1", "--height", "32", "--width", "32", "--no-warmup", "--no-lpips"]
 
 
+# pyproject.toml ignores this notice for the suite; here it is what the test reads, so it is shown.
+@pytest.mark.filterwarnings("default:fsattn. using the 'emulator' backend")
 def test_sweep_says_the_emulator_is_slow_before_the_bars_and_ends_with_the_table(tmp_path, capsys):
     backends._WARNED.discard("slow:emulator")
     rc = cli.main(["sweep", "--prompt", "a cat", "--policies", "mxfp8", "--out", str(tmp_path / "o"), *SMALL])

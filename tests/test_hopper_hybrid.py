@@ -1,6 +1,8 @@
 """The Hopper hybrid policy (int8-bf16 on the end steps, mxfp8 between) and the one-time notice that MXFP6/MXFP4
 steps run no faster than mxfp8 on a Hopper GPU (faked here through the capability query: CPU only)."""
 
+import sys
+import types
 import warnings
 
 import pytest
@@ -10,7 +12,7 @@ from fsattn_diffusers import apply, notices, remove
 from fsattn_diffusers.cli import build_parser, main
 from fsattn_diffusers.integration import install
 from fsattn_diffusers.integration.policy import (HOPPER_HYBRID, HYBRID_N_ENDS, HYBRID_REFERENCE_STEPS, EndsPolicy,
-                                                 get_policy, hybrid_policy, policy_names, slow_formats_on_sm90)
+                                                 get_policy, hybrid_policy, policy_names)
 from fsattn_diffusers.integration.tiny import tiny_wan_transformer
 from fsattn_diffusers.recipe import PRESETS
 
@@ -57,18 +59,23 @@ def test_the_hopper_hybrid_is_an_ends_policy_on_the_papers_step_counts():
     assert (e2e.PAPER_STEPS, e2e.HYBRID_ENDS) == (HYBRID_REFERENCE_STEPS, HYBRID_N_ENDS)
 
 
-def test_which_steps_hopper_runs_no_faster_than_mxfp8():
+def test_which_steps_hopper_runs_no_faster_than_mxfp8(monkeypatch):
+    _fake_device(monkeypatch, (9, 0))
     cases = {"hybrid": ["mxfp6", "mxfp4"], HOPPER_HYBRID: [], "mxfp8": [], "mxfp4": ["mxfp4"], "bf16": [],
              ACCURATE: [], "mxfp8:3,mxfp6:2": ["mxfp6"], "mxfp8:30,mxfp4:1,mxfp8:30": ["mxfp4"]}
     for spec, want in cases.items():
-        got = slow_formats_on_sm90(get_policy(spec))
-        print(spec, got)
-        assert got == want
+        got, speed = install.slow_steps(get_policy(spec))
+        print(spec, got, speed)
+        assert got == want and (speed is None) == (not want)
+    _fake_device(monkeypatch, (10, 0))  # no Hopper kernels there: nothing runs widened
+    assert install.slow_steps(get_policy("hybrid")) == ([], None)
 
 
 def _fake_device(monkeypatch, capability):
-    """``capability`` (major, minor) of a faked CUDA device, or None for a machine without CUDA."""
+    """``capability`` (major, minor) of a faked CUDA device, or None for a machine without CUDA; triton, which the
+    Hopper kernels need, is faked where it is not installed."""
     monkeypatch.setattr(torch.cuda, "is_available", lambda: capability is not None)
+    monkeypatch.setitem(sys.modules, "triton", sys.modules.get("triton") or types.ModuleType("triton"))
 
     def query(device=None):
         if capability is None:
@@ -78,18 +85,22 @@ def _fake_device(monkeypatch, capability):
     monkeypatch.setattr(torch.cuda, "get_device_capability", query)
 
 
-@pytest.mark.parametrize("capability,expected", [((9, 0), True), ((8, 0), False), ((8, 9), False),
-                                                 ((10, 0), False), ((12, 0), False), (None, False)])
+@pytest.mark.parametrize("capability,expected", [((9, 0), "triton"), ((8, 0), "emulator"), ((8, 9), "emulator"),
+                                                 ((10, 0), "emulator"), ((12, 0), "emulator"), (None, None)])
 def test_hopper_is_read_from_the_capability_query(monkeypatch, capability, expected):
+    from fsattn_diffusers.backends import fast_path
+
     _fake_device(monkeypatch, capability)
-    assert install.on_sm90() is expected
+    device = install.this_device()
+    got = None if device is None else fast_path(PRESETS["mxfp8"], device)[0]
+    assert got == expected
 
 
 @pytest.fixture
 def notice_cleared():
-    notices._WARNED.discard(install.SM90_MX_NOTICE)
+    notices._WARNED.discard(install.SLOW_STEPS_NOTICE)
     yield
-    notices._WARNED.discard(install.SM90_MX_NOTICE)
+    notices._WARNED.discard(install.SLOW_STEPS_NOTICE)
 
 
 def _notices(calls) -> list:
@@ -126,7 +137,7 @@ def test_apply_says_once_on_hopper_that_mx_blocks_are_slow_and_names_the_hopper_
 
 def test_the_notice_is_once_per_process_across_policies(monkeypatch, notice_cleared):
     _fake_device(monkeypatch, (9, 0))
-    lines = _notices(lambda: [install.warn_slow_formats_on_sm90(get_policy(s)) for s in ("hybrid", "mxfp4", "mxfp6")])
+    lines = _notices(lambda: [install.warn_slow_steps(get_policy(s)) for s in ("hybrid", "mxfp4", "mxfp6")])
     assert len(lines) == 1 and lines[0].startswith("fsattn: policy hybrid: mxfp6 and mxfp4 run no faster than mxfp8")
 
 

@@ -179,21 +179,23 @@ def test_staged_flags_answer_as_the_flags_do():
 def test_a_backend_that_detects_hands_its_flags_to_the_repair(monkeypatch):
     """A backend with ``detects_nonfinite`` is asked to detect and its flags drive the repair; the separate
     detection pass does not run."""
-    from fsattn_diffusers import api
-    from fsattn_diffusers.backends import registry
+    from fsattn_diffusers import backends
+    from fsattn_diffusers.backends import AttentionResult, registry
     from fsattn_diffusers.emulator import emulate_attention
 
     calls = []
 
-    def fn(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False):
-        calls.append(detect_nonfinite)
-        out, lse, stats = emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse)
-        flags = nonfinite.detect(q, k, v, kv_lens) if detect_nonfinite else None
-        return out, lse, None, nonfinite.StagedFlags(flags) if detect_nonfinite else None
+    def run(request):
+        r = request
+        calls.append(r.detect_nonfinite)
+        out, lse, stats = emulate_attention(r.q, r.k, r.v, r.recipe, scale=r.scale, kv_lens=r.kv_lens,
+                                            return_lse=r.return_lse)
+        flags = nonfinite.detect(r.q, r.k, r.v, r.kv_lens) if r.detect_nonfinite else None
+        return AttentionResult(out, lse, None, nonfinite.StagedFlags(flags) if r.detect_nonfinite else None)
 
-    registry.register_backend(registry.Backend("detecting", fn, lambda d: None, lambda *a, **kw: None,
+    registry.register_backend(registry.Backend("detecting", run, lambda d: None, lambda request: None,
                                                detects_nonfinite=True))
-    monkeypatch.setattr(api, "detect_nonfinite", lambda *a: pytest.fail("the separate detection pass ran"))
+    monkeypatch.setattr(backends, "detect_nonfinite", lambda *a: pytest.fail("the separate detection pass ran"))
     try:
         g = torch.Generator().manual_seed(0)
         q, k, v = (torch.randn(1, 2, 64, 32, generator=g) for _ in range(3))

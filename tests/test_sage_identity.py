@@ -1,4 +1,4 @@
-"""Which SageAttention is imported (:mod:`fsattn_diffusers.backends.sage_backend`), from the module itself, with
+"""Which SageAttention is imported (:mod:`fsattn_diffusers.integration.sage`), from the module itself, with
 CPU stand-ins of SageAttention 2 (sm90 build) and 1.0.6 written as real packages (``fake_sage``)."""
 
 import os
@@ -6,7 +6,7 @@ import os
 import torch
 
 import fake_sage
-from fsattn_diffusers.backends import sage_backend as sb
+from fsattn_diffusers.integration import sage as sb
 
 
 def test_sage2_build_is_named_with_its_path_version_and_sm90_kernel(monkeypatch, tmp_path):

@@ -193,18 +193,27 @@ def test_q_lens_keeps_padded_queries_out_of_q_smoothing(name):
     assert torch.equal(token_mean(q2, valid), token_mean(q[:, :, :n]))
 
 
-def test_q_lens_with_q_smoothing_skips_backends_that_do_not_take_it():
-    """A backend without ``takes_q_lens`` is passed over (with a warning) for a Q-smoothing call with ``q_lens``, and
-    used for any other call; ``q_lens`` is checked like ``kv_lens``."""
-    from fsattn_diffusers.backends import registry
+def test_q_lens_reaches_every_backend_and_one_that_cannot_honour_it_refuses():
+    """``q_lens`` is a field of the request every backend takes; a backend that cannot honour it for a Q-smoothing
+    recipe refuses such calls (here: passed over with a warning) and runs any other; ``q_lens`` is checked like
+    ``kv_lens``."""
+    from fsattn_diffusers.backends import AttentionResult, registry
 
-    calls = []
+    calls, seen = [], []
 
-    def fn(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
-        calls.append(recipe.name)
-        return emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse)
+    def run(request):
+        calls.append(request.recipe.name)
+        r = request
+        return AttentionResult(*emulate_attention(r.q, r.k, r.v, r.recipe, scale=r.scale, kv_lens=r.kv_lens,
+                                                  return_lse=r.return_lse))
 
-    registry.register_backend(registry.Backend("no_q_lens", fn, lambda d: None, lambda *a, **kw: None))
+    def refuses(request):
+        seen.append(None if request.q_lens is None else request.q_lens.tolist())
+        if request.q_lens is not None and request.recipe.smooth_q:
+            return "no q_lens (Q smoothing's mean over the valid queries)"
+        return None
+
+    registry.register_backend(registry.Backend("no_q_lens", run, lambda d: None, refuses))
     q, k, v = _mixed_heads(s_q=64, s_k=64)
     try:
         fa.attention(q, k, v, "mxfp8+smooth_q=false", layout="bhsd", backend="no_q_lens", q_lens=[50])
@@ -213,6 +222,8 @@ def test_q_lens_with_q_smoothing_skips_backends_that_do_not_take_it():
         fa.attention(q, k, v, "mxfp8", layout="bhsd", backend="no_q_lens")
     finally:
         registry.unregister_backend("no_q_lens")
+    print("q_lens the backend saw:", seen)
+    assert seen == [[50], [50], None]
     print("calls the backend took:", calls)
     assert calls == ["mxfp8+smooth_q=false", "mxfp8"]
     for bad, msg in (([65], r"q_lens values must lie in \[0, 64\] \(the query length\)"),

@@ -1,45 +1,47 @@
-"""Backend registry and per-call selection with one-time fallback warnings.
+"""Backend registry, per-call selection with one-time fallback warnings, and the non-finite contract around every call.
 
-A backend is a function ``fn(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats)`` taking
-(B, H, S, D) views (any strides) and returning ``(out (B, H, S_q, D) in q's dtype, lse or None,
-stats or None)``. Each backend also says whether it is usable here (``available() -> str | None``,
-the reason when not) and whether it can take one particular call (``unsupported(...) -> str | None``).
-A backend that finds non-finite inputs as a by-product of its own reads says so (``detects_nonfinite``): its ``fn``
-then also takes ``detect_nonfinite`` and returns the flags as a fourth value. One that honours ``attention``'s
-``q_lens`` (Q smoothing's valid queries) says so (``takes_q_lens``) and takes it as a keyword, in ``fn`` and in
-``unsupported``.
-A backend that computes other numerics than ``Recipe.numerics`` names them (``Backend.computes``): the Hopper
-kernels compute the ``sm90`` variant of every recipe. :func:`computed_numerics` says what a backend computes for a
-recipe, and :data:`LAST_RAN` which backend ran a recipe last in this process (for the result files' records).
+Every backend takes one :class:`~.contract.AttentionRequest` and returns one :class:`~.contract.AttentionResult`
+(:mod:`.contract`); each backend module registers itself (:mod:`.registry`) with the devices it takes, why it refuses
+a call, its speed class and the numerics it computes. :func:`run_checked` is the one place that handles non-finite
+inputs (NUMERICS.md section 8) around whichever backend runs. :func:`computed_numerics` says what a backend computes
+for a recipe, :data:`LAST_RAN` which backend ran a recipe last in this process (for the result files' records), and
+:func:`fast_path` which backend ``"auto"`` would pick on a device and at what speed class.
 """
 
 from __future__ import annotations
 
-from typing import Dict, Optional
+import importlib
+import pkgutil
+from typing import Callable, Dict, List, Optional, Tuple
 
 import torch
 
-from .registry import (_REGISTRY, _WARNED, AUTO_ORDER, Backend, register_backend,  # noqa: F401 (the public table)
-                       unregister_backend, warn_once)
-
+from .. import nonfinite
+from .contract import AttentionRequest, AttentionResult, Speed, SpeedClass  # noqa: F401 (the public contract)
+from .registry import (_REGISTRY, _WARNED, Backend, CudaCapability, forget_devices,  # noqa: F401 (public table)
+                       register_backend, unregister_backend, warn_once)
 
 #: Recipe name -> the backend that ran the latest eager call of it in this process (not updated while
 #: ``torch.compile`` traces).
 LAST_RAN: Dict[str, str] = {}
+_LOADED: List[str] = []
 
 
 def computed_numerics(backend: str, recipe) -> str:
     """The numerics ``backend`` computes for ``recipe``: its fixed ones (``Backend.computes``) or the recipe's."""
     fixed = registered()[backend].computes
-    return fixed if fixed is not None else recipe.numerics
+    return str(fixed) if fixed is not None else recipe.numerics
 
 
 def _ensure_loaded() -> None:
-    # Imported lazily so that importing the package never needs triton or aiter.
-    from . import emulator_backend  # noqa: F401
-    from . import triton_backend  # noqa: F401
-    from . import aiter_backend  # noqa: F401
-    from . import fa3_backend  # noqa: F401  (a baseline: by name only, never under "auto")
+    # Every ``*_backend`` module of this package registers itself; imported lazily so that importing the package
+    # never needs triton or aiter (the modules import them only when probed or run).
+    if _LOADED:
+        return
+    for info in pkgutil.iter_modules(__path__):
+        if info.name.endswith("_backend"):
+            importlib.import_module(f"{__name__}.{info.name}")
+            _LOADED.append(info.name)
 
 
 def registered() -> Dict[str, Backend]:
@@ -47,27 +49,53 @@ def registered() -> Dict[str, Backend]:
     return dict(_REGISTRY)
 
 
+def auto_order() -> List[str]:
+    """The backends ``backend="auto"`` tries, in order (``Backend.auto_rank``; the emulator runs everywhere last)."""
+    ranked = [(be.auto_rank, name) for name, be in registered().items() if be.auto_rank is not None]
+    return [name for _, name in sorted(ranked)]
+
+
 def availability(device: torch.device) -> Dict[str, Optional[str]]:
     """Map each backend name to ``None`` (usable on ``device``) or the reason it is not."""
     return {name: be.available_on(device) for name, be in registered().items()}
 
 
-def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
-    """:func:`fsattn_diffusers.nonfinite.detect`'s flags, (B, H) bool or ``None`` while ``torch.compile`` traces.
+def fast_path(recipe, device: torch.device, backend: str = "auto") -> Optional[Tuple[str, Speed]]:
+    """Which backend a call of ``recipe`` on ``device`` would run (``backend``, or ``"auto"``'s first one usable
+    there) and its :class:`~.contract.Speed` for that recipe; None when none is usable. The device is probed afresh
+    (not remembered): this is asked when a policy is installed, not per call."""
+    backends = registered()
+    order = auto_order() if backend == "auto" else [backend] + auto_order()
+    for name in order:
+        if name in backends and backends[name].available(device) is None:
+            return name, backends[name].speed_for(recipe)
+    return None
 
-    Where the Triton backend runs (a CUDA sm_90+ device with triton), one exact read of each tensor by
-    ``kernels.nonfinite_flags``; elsewhere, and for head dims that kernel does not take, the PyTorch form."""
-    from .. import nonfinite
 
-    if torch.compiler.is_compiling():
-        return None
-    if q.is_cuda and registered()["triton"].available_on(q.device) is None:
-        from ..kernels.nonfinite_flags import flag_nonfinite, supports
+def pick(name: str, request: AttentionRequest, device: Optional[torch.device] = None) -> Tuple[Backend, List[str]]:
+    """The backend that runs ``request`` (``name``, or ``"auto"``'s first taker), and the refusals worth a warning.
 
-        if supports(q.shape[-1]):
-            with torch.no_grad():
-                return flag_nonfinite(q, k, v, kv_lens)
-    return nonfinite.detect(q, k, v, kv_lens)
+    ``device`` defaults to the operands' device. A backend absent from this machine is passed over silently under
+    ``"auto"``; one that is here but refuses the call, or the one asked for by name, is worth a warning."""
+    backends = registered()
+    if name == "auto":
+        candidates = auto_order()
+    elif name in backends:
+        candidates = [name] + [n for n in auto_order() if n != name]
+    else:
+        raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(sorted(backends))}")
+    device = request.q.device if device is None else device
+    reasons, notable = [], []
+    for cand in candidates:
+        be = backends[cand]
+        missing = be.available_on(device)
+        why = missing or be.refuses(request)
+        if why is None:
+            return be, notable
+        reasons.append(f"{cand}: {why}")
+        if missing is None or cand == name:
+            notable.append(f"{cand}: {why}")
+    raise RuntimeError(f"no fsattn backend can run this call ({'; '.join(reasons)})")
 
 
 def warn_if_slow(name: str) -> None:
@@ -77,45 +105,84 @@ def warn_if_slow(name: str) -> None:
         warn_once(f"slow:{name}", f"fsattn: using the {name!r} backend; it is a PyTorch reference and slow")
 
 
-def run_backend(name: str, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, detect_nonfinite=False,
-                q_lens=None):
-    """Run the call on backend ``name`` (or pick one for ``"auto"``), falling back with a warning. ``q_lens``
-    (valid queries per batch entry) matters only to Q smoothing; such calls run on backends that take it.
+def run_backend(name: str, request: AttentionRequest) -> AttentionResult:
+    """Run ``request`` on backend ``name`` (or pick one for ``"auto"``), falling back with a one-time warning."""
+    be, notable = pick(name, request)
+    if notable:
+        warn_once(f"fallback:{be.name}:{';'.join(notable)}",
+                  f"fsattn: falling back to the {be.name!r} backend ({'; '.join(notable)})")
+    warn_if_slow(be.name)
+    if not torch.compiler.is_compiling():
+        LAST_RAN[request.recipe.name] = be.name
+    return be.run(request)
 
-    Returns ``(out, lse, stats, flags)``: ``flags`` a :class:`~fsattn_diffusers.nonfinite.StagedFlags` of the
-    (B, H) non-finite flags when ``detect_nonfinite`` and the backend that ran finds them itself
-    (``Backend.detects_nonfinite``), else None (the caller detects).
+
+def detect_nonfinite(q, k, v, kv_lens) -> Optional[torch.Tensor]:
+    """:func:`fsattn_diffusers.nonfinite.detect`'s flags, (B, H) bool or ``None`` while ``torch.compile`` traces.
+
+    A backend usable on the operands' device that has its own detection pass (``Backend.flag_nonfinite``) finds
+    them; elsewhere, and for operands that pass does not take, the PyTorch form."""
+    if torch.compiler.is_compiling():
+        return None
+    for name in auto_order():
+        be = registered()[name]
+        if be.flag_nonfinite is not None and be.available_on(q.device) is None:
+            with torch.no_grad():
+                flags = be.flag_nonfinite(q, k, v, kv_lens)
+            if flags is not None:
+                return flags
+    return nonfinite.detect(q, k, v, kv_lens)
+
+
+def run_checked(run: Callable[[AttentionRequest], AttentionResult], request: AttentionRequest, *, strict: bool,
+                repair: bool = True) -> AttentionResult:
+    """``run(request)`` under the non-finite contract (NUMERICS.md section 8): the one place that handles NaN and inf
+    inputs, whichever backend (or the differentiable path) computes.
+
+    Parameters
+    ----------
+    run : ``run(request) -> AttentionResult``
+        E.g. ``lambda r: run_backend(name, r)``. Asked for the flags (``request.detect_nonfinite``) unless ``strict``
+        found them first; a result without them (``Backend.detects_nonfinite`` false) costs one detection pass.
+    request : AttentionRequest
+    strict : bool
+        Detect before any work and raise the one-line ValueError when an element is non-finite.
+    repair : bool
+        Overwrite the flagged (batch, head) slices with exact float64 attention
+        (:func:`fsattn_diffusers.nonfinite.repair`; a per-tensor scale is first re-run on cleaned inputs); False when
+        ``run`` computes exact arithmetic already (then only the one-time warning).
+
+    Returns
+    -------
+    AttentionResult
+        ``run``'s result with the flagged slices repaired. Nothing is checked while ``torch.compile`` traces.
     """
-    backends = registered()
-    if name == "auto":
-        candidates = [n for n in AUTO_ORDER if n in backends]
-    elif name in backends:
-        candidates = [name] + [n for n in AUTO_ORDER if n in backends and n != name]
-    else:
-        raise ValueError(f"unknown backend {name!r}; accepted: auto, {', '.join(sorted(backends))}")
-    reasons, notable = [], []
-    for cand in candidates:
-        be = backends[cand]
-        missing = be.available_on(q.device)
-        lens = dict(q_lens=q_lens) if be.takes_q_lens else {}
-        why = missing or be.unsupported(q, k, v, recipe, kv_lens=kv_lens, return_lse=return_lse, **lens)
-        if why is None and q_lens is not None and recipe.smooth_q and not be.takes_q_lens:
-            why = "no q_lens (Q smoothing's mean over the valid queries)"
-        if why is not None:
-            reasons.append(f"{cand}: {why}")
-            # A backend absent from this machine is normal under "auto"; one that is here but cannot
-            # take this call (or one the caller asked for by name) is worth a warning.
-            if missing is None or cand == name:
-                notable.append(f"{cand}: {why}")
-            continue
-        if notable:
-            warn_once(f"fallback:{cand}:{';'.join(notable)}",
-                      f"fsattn: falling back to the {cand!r} backend ({'; '.join(notable)})")
-        warn_if_slow(cand)
-        if not torch.compiler.is_compiling():
-            LAST_RAN[recipe.name] = cand
-        args = dict(scale=scale, kv_lens=kv_lens, return_lse=return_lse, return_stats=return_stats, **lens)
-        if be.detects_nonfinite:
-            return be.fn(q, k, v, recipe, **args, detect_nonfinite=detect_nonfinite)
-        return (*be.fn(q, k, v, recipe, **args), None)
-    raise RuntimeError(f"no fsattn backend can run this call ({'; '.join(reasons)})")
+    q, k, v, kv_lens = request.q, request.k, request.v, request.kv_lens
+    flags = detect_nonfinite(q, k, v, kv_lens) if strict else None  # strict: fail before any work
+    flagged = nonfinite.any_flagged(flags) if strict else None
+    if flagged:
+        nonfinite.check_strict(nonfinite.count_nonfinite(q, k, v, flags, kv_lens))
+    detect = flags is None and not torch.compiler.is_compiling()
+    res = run(request.with_operands(q, k, v, detect_nonfinite=detect))
+    if detect:  # the backend's own flags (staged before its last kernel), else one detection pass now
+        staged = res.nonfinite if res.nonfinite is not None else nonfinite.StagedFlags(
+            detect_nonfinite(q, k, v, kv_lens))
+        flags, flagged = staged.flags, staged.any()
+    if not flagged:
+        return res
+    if not repair:
+        nonfinite.warn_counts(nonfinite.count_nonfinite(q, k, v, flags, kv_lens), int(flags.sum()))
+        return res
+
+    def rerun(q_, k_, v_):
+        r = run(request.with_operands(q_, k_, v_, detect_nonfinite=False))
+        return r.out, r.lse, r.stats
+
+    out, lse, stats = nonfinite.repair(flags, q, k, v, res.out, res.lse, res.stats, request.recipe,
+                                       scale=request.scale, kv_lens=kv_lens, strict=strict, rerun=rerun)
+    return AttentionResult(out, lse, stats, res.nonfinite)
+
+
+__all__ = ["AttentionRequest", "AttentionResult", "Backend", "CudaCapability", "Speed", "SpeedClass", "LAST_RAN",
+           "auto_order", "availability", "computed_numerics", "detect_nonfinite", "fast_path", "forget_devices", "pick",
+           "register_backend", "registered", "run_backend", "run_checked", "unregister_backend", "warn_if_slow", "warn_once"]

@@ -30,8 +30,9 @@ from typing import Callable, Optional, Tuple
 import torch
 
 from ..hadamard import rotation_signs
-from ..recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO
+from ..recipe import PAPER_SUFFIX, PRESETS, Q_SMOOTHING_MIN_RATIO, Numerics
 from ..smoothing import q_smoothing_heads, subtract_mean, token_mean, valid_prefix
+from .contract import AttentionRequest, AttentionResult, Speed, SpeedClass
 from .registry import Backend, register_backend, warn_once
 
 # AITER's mha_v4 kernels take head dim 128 only.
@@ -89,18 +90,20 @@ def host_inputs(q, k, recipe):
     return q, k
 
 
-def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None) -> Optional[str]:
+def _unsupported(request: AttentionRequest) -> Optional[str]:
+    q, recipe = request.q, request.recipe
     if preset_of(recipe) is None:
         return (f"AITER runs only the presets {', '.join(AITER_FORMATS)} and their {PAPER_SUFFIX} forms "
                 f"(fields other than {', '.join([*HOST_FIELDS, *KERNEL_FIXED_FIELDS])} unchanged)")
     if q.shape[-1] != AITER_HEAD_DIM:
         return f"AITER mha_v4 needs head dim {AITER_HEAD_DIM}, got {q.shape[-1]}"
-    if kv_lens is not None:
+    if request.kv_lens is not None:
         return "AITER mha_v4 takes no key-padding lengths"
-    if return_lse:
+    if request.return_lse:
         return "AITER mha_v4 returns no LSE"
     if recipe.smooth_q:
-        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_prefix(q_lens, q.shape[2], q.device)).sum())
+        valid_q = valid_prefix(request.q_lens, q.shape[2], q.device)
+        n = int(q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_q).sum())
         if n:
             return (f"Q smoothing selects {n} of {q.shape[0] * q.shape[1]} (batch, head) slices and AITER mha_v4 "
                     f"cannot add its per-key term")
@@ -116,8 +119,9 @@ def aiter_call(recipe, mod) -> Tuple[Callable, tuple]:
     return mod.mha_v4, formats
 
 
-def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=None):
+def _run(request: AttentionRequest) -> AttentionResult:
     # q_lens only decides Q smoothing's switch (checked in _unsupported); the rows past it are computed all the same.
+    q, k, v, recipe = request.q, request.k, request.v, request.recipe
     mod = _module()
     fn, formats = aiter_call(recipe, mod)
     for field, paper in KERNEL_FIXED_FIELDS.items():
@@ -129,11 +133,13 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=No
     q_, k_, v_ = (t.transpose(1, 2).to(torch.bfloat16).contiguous() for t in (q, k, v))
     with warnings.catch_warnings():
         warnings.simplefilter("ignore", DeprecationWarning)  # mha_v4_mxfp8 is deprecated in later AITER
-        out = fn(q_, k_, v_, *formats, softmax_scale=scale)
+        out = fn(q_, k_, v_, *formats, softmax_scale=request.scale)
     stats = None
-    if return_stats:  # the kernels report no rollback counts
+    if request.return_stats:  # the kernels report no rollback counts
         stats = {"rollbacks": None, "tiles": None, "rollback_tiles": None, "rollback_rate": None}
-    return out.transpose(1, 2).to(q.dtype), None, stats
+    return AttentionResult(out.transpose(1, 2).to(q.dtype), None, stats)
 
 
-register_backend(Backend("aiter", _run, _available, _unsupported, takes_q_lens=True, computes="mi355x"))
+# AITER's MI355X kernels run the MX formats natively (the paper's kernels).
+register_backend(Backend("aiter", _run, _available, _unsupported, speed=Speed(SpeedClass.NATIVE),
+                         computes=Numerics.MI355X, auto_rank=10))

@@ -1,23 +1,19 @@
-"""The PyTorch reference emulator as a backend: runs on any device, slowly."""
+"""The PyTorch reference emulator as a backend: runs on any device, slowly, the numerics the recipe names."""
 
 from __future__ import annotations
 
+from .contract import AttentionRequest, AttentionResult, Speed, SpeedClass
 from .registry import Backend, register_backend
 
 
-def _available(device):
-    return None
-
-
-def _unsupported(q, k, v, recipe, *, kv_lens, return_lse, q_lens=None):
-    return None
-
-
-def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats, q_lens=None):
+def run(request: AttentionRequest) -> AttentionResult:
     from ..emulator import emulate_attention
 
-    return emulate_attention(q, k, v, recipe, scale=scale, kv_lens=kv_lens, return_lse=return_lse,
-                             return_stats=return_stats, q_lens=q_lens)
+    r = request
+    out, lse, stats = emulate_attention(r.q, r.k, r.v, r.recipe, scale=r.scale, kv_lens=r.kv_lens,
+                                        return_lse=r.return_lse, return_stats=r.return_stats, q_lens=r.q_lens)
+    return AttentionResult(out, lse, stats)
 
 
-register_backend(Backend("emulator", _run, _available, _unsupported, slow=True, takes_q_lens=True))
+# Every device, every call; last in "auto"'s order.
+register_backend(Backend("emulator", run, speed=Speed(SpeedClass.REFERENCE), auto_rank=100))

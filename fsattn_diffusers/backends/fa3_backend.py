@@ -31,6 +31,7 @@ import torch
 from ..formats import E4M3
 from ..recipe import BF16_EMULATED, PRESETS, Recipe
 from ..smoothing import valid_prefix
+from .contract import AttentionRequest, AttentionResult, Speed, SpeedClass
 from .registry import Backend, register_backend
 
 #: FP8 E4M3 largest finite value: a per-(batch, head) scale maps amax onto it.
@@ -73,7 +74,7 @@ def require_fa3(policy: str) -> None:
     if why is None:
         return
     if not torch.cuda.is_available() or getattr(torch.version, "hip", None):
-        raise ValueError(f"{policy} policy runs FlashAttention-3, which needs an NVIDIA GPU (sm_90) and the fa3-fwd "
+        raise ValueError(f"{policy} policy runs FlashAttention-3, which needs an NVIDIA Hopper GPU and the fa3-fwd "
                          f"package; this machine has no CUDA device, so installing fa3-fwd will not help")
     raise ValueError(f"{policy} policy needs the fa3-fwd package ({INSTALL_HINT}); {why}")
 
@@ -84,7 +85,8 @@ def _available(device):
     return fa3_missing()
 
 
-def _unsupported(q, k, v, recipe, *, kv_lens, return_lse):
+def _unsupported(request: AttentionRequest) -> Optional[str]:
+    q, recipe = request.q, request.recipe
     if tuple(getattr(recipe, f) for f in _FIELDS) not in _TAKEN:
         return f"recipe {recipe.name!r} is not an FA3 baseline; accepted: {', '.join(FA3_RECIPES)}"
     if q.dtype != torch.bfloat16:
@@ -118,8 +120,10 @@ def fp8_per_head(x: torch.Tensor, valid: Optional[torch.Tensor] = None):
     return x8.contiguous(), descale
 
 
-def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
-    """(B, H, S, D) views in (the BSHD tensors of the caller, transposed), ``(out (B, H, S_q, D), lse, stats)``."""
+def _run(request: AttentionRequest) -> AttentionResult:
+    """(B, H, S, D) views in (the BSHD tensors of the caller, transposed); the output (B, H, S_q, D) in q's dtype."""
+    q, k, v, recipe, scale, kv_lens = request.q, request.k, request.v, request.recipe, request.scale, request.kv_lens
+    return_lse, return_stats = request.return_lse, request.return_stats
     fa3 = fa3_module()
     qs, ks, vs = (t.transpose(1, 2) for t in (q, k, v))  # back to (B, S, H, D): FA3's layout
     b, s_q, h, d = qs.shape
@@ -150,7 +154,8 @@ def _run(q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
     stats = None
     if return_stats:  # FA3 has no frozen maximum and no rollback gate
         stats = {"rollbacks": 0, "tiles": 0, "rollback_tiles": 0, "rollback_rate": 0.0}
-    return out, lse, stats
+    return AttentionResult(out, lse, stats)
 
 
-register_backend(Backend("fa3", _run, _available, _unsupported, computes="fa3"))
+# A baseline: by name only, never under "auto". Its recipes carry no Q smoothing, so q_lens changes nothing.
+register_backend(Backend("fa3", _run, _available, _unsupported, speed=Speed(SpeedClass.NATIVE), computes="fa3"))

@@ -69,7 +69,7 @@ def add_arguments(p) -> None:
     g.add_argument("--head-dims", default=None,
                    help="head dims (default 64,128, or the D of a four-number --shape)")
     g.add_argument("--backend", default="auto",
-                   help="fsattn backend (default auto: the Triton kernel on CUDA sm_90+, else the emulator)")
+                   help="fsattn backend (default auto: the Triton kernels on a Hopper GPU, else the emulator)")
     g.add_argument("--numerics", choices=NUMERICS, default=None,
                    help="override the recipes' numerics (default: each recipe's own)")
     g.add_argument("--no-external", action="store_true", help="skip FlashAttention-3 and SageAttention columns")
@@ -137,7 +137,7 @@ def _versions(meta) -> None:
             meta[key] = metadata.version(dist)
         except metadata.PackageNotFoundError:
             meta[key] = None
-    from ..backends.sage_backend import sage_identity, sage_missing
+    from ..integration.sage import sage_identity, sage_missing
 
     # which SageAttention is imported, from the module itself (a PyPI 1.0.6 beside a source build misreports)
     meta["sageattention"] = sage_identity() or {"missing": sage_missing()}

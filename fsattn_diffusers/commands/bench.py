@@ -92,7 +92,7 @@ def run(args) -> int:
         raise UsageError(f"bad --rounds {args.rounds}; accepted: 1, or an even integer (forward and reverse rounds "
                          "in pairs)")
     if not torch.cuda.is_available():
-        raise UsageError("fsattn bench needs a CUDA GPU (sm_90+ for our kernel)")
+        raise UsageError("fsattn bench needs a CUDA GPU (a Hopper GPU for our kernels)")
     if args.variant:
         from ..kernels.sm90 import ops
 

@@ -74,7 +74,7 @@ def _one_line(exc: BaseException) -> str:
 
 def run(args) -> int:
     from .. import __version__
-    from ..backends import availability
+    from ..backends import auto_order, availability
     from ..cli import usable_device
 
     device = usable_device(args.device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -90,6 +90,10 @@ def run(args) -> int:
     else:
         print("  cuda         no CUDA device")
     print(f"backends for {device}:")
-    for name, why in availability(device).items():
+    usable = availability(device)
+    for name, why in usable.items():
         print(f"  {name:<10}{'usable' if why is None else 'not usable: ' + why}")
+    order = auto_order()
+    first = next((name for name in order if usable[name] is None), None)
+    print(f"  auto      tries {', '.join(order)}: {first or 'none'} here")
     return 0

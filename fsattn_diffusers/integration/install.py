@@ -12,7 +12,9 @@ from typing import Dict, List, Optional, Tuple
 
 import torch
 
-from .policy import HOPPER_HYBRID, HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE, Policy, get_policy, slow_formats_on_sm90
+from ..backends import Speed, SpeedClass, fast_path
+from .policy import (HOPPER_HYBRID, HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE, HYBRID_REFERENCE_STEPS, Policy,
+                     get_policy)
 from .processors import HunyuanVideoFSAttnProcessor, WanFSAttnProcessor
 from .tracker import CallRecord, StepTracker
 
@@ -130,43 +132,78 @@ def _swap_processor(module, new) -> None:
     module.set_processor(new)
 
 
-#: :func:`~fsattn_diffusers.notices.warn_once` key of the notice that MXFP6/MXFP4 run no faster than mxfp8 on Hopper.
-SM90_MX_NOTICE = "mx block formats on sm90"
+#: :func:`~fsattn_diffusers.notices.warn_once` key of the notice that a policy's steps run no faster than a cheaper
+#: preset on this device's kernels (MXFP6/MXFP4 on the Hopper kernels: no faster than mxfp8).
+SLOW_STEPS_NOTICE = "steps no faster than a cheaper preset"
 
 
-def on_sm90() -> bool:
-    """Whether CUDA is available and its current device is a Hopper GPU (compute capability 9.x).
+def this_device() -> Optional[torch.device]:
+    """The device a pipeline's attention runs on by default: the current CUDA device, None without CUDA."""
+    return torch.device("cuda") if torch.cuda.is_available() else None
+
+
+def slow_steps(policy: Policy, device: Optional[torch.device] = None, backend: str = "auto",
+               num_steps: Optional[int] = None) -> Tuple[List[str], Optional[Speed]]:
+    """The recipes of ``policy`` whose fast path on ``device`` is no faster than a cheaper preset.
+
+    Parameters
+    ----------
+    policy : Policy
+        A resolved policy (:func:`~fsattn_diffusers.integration.policy.get_policy`).
+    device : torch.device, optional
+        Default :func:`this_device`; None (no CUDA): nothing is slow here.
+    backend : str
+        The backend the calls ask for (``"auto"``: the registry's pick on ``device``).
+    num_steps : int, optional
+        Steps to plan over; default the policy's ``reference_steps`` (every segment of a schedule as written), or
+        ``HYBRID_REFERENCE_STEPS`` when it has none.
 
     Returns
     -------
-    bool
-        False on CPU-only machines and on every other architecture.
+    (names, speed)
+        Names of the recipes, in step order without repeats, that the backend runs at speed class
+        :attr:`~fsattn_diffusers.backends.SpeedClass.WIDENED` (:func:`fsattn_diffusers.backends.fast_path`), and
+        the first one's :class:`~fsattn_diffusers.backends.Speed` (None when there are none).
     """
-    return torch.cuda.is_available() and torch.cuda.get_device_capability()[0] == 9
+    device = this_device() if device is None else device
+    if device is None:
+        return [], None
+    steps = num_steps or policy.reference_steps or HYBRID_REFERENCE_STEPS
+    names, first = [], None
+    for entry in policy.schedule(steps):
+        if entry is None or entry.name in names:
+            continue
+        path = fast_path(entry, device, backend)
+        if path is not None and path[1].speed_class == SpeedClass.WIDENED:
+            names.append(entry.name)
+            first = first or path[1]
+    return names, first
 
 
-def warn_slow_formats_on_sm90(policy: Policy) -> None:
-    """On a Hopper GPU, say once per process that ``policy``'s MXFP6/MXFP4 steps run no faster than mxfp8 there.
+def warn_slow_steps(policy: Policy, backend: str = "auto") -> None:
+    """Say once per process that ``policy``'s steps named by :func:`slow_steps` run no faster than a cheaper preset
+    on this device, naming the Hopper hybrid.
 
     The one-line :class:`~fsattn_diffusers.notices.FSAttnWarning` (:func:`~fsattn_diffusers.notices.warn_once`,
-    key :data:`SM90_MX_NOTICE`) names the Hopper hybrid. Nothing on other devices or for policies without such
-    steps (:func:`~fsattn_diffusers.integration.policy.slow_formats_on_sm90`).
+    key :data:`SLOW_STEPS_NOTICE`). Nothing on devices whose kernels run every step at full speed, with the emulator,
+    or for policies without such steps.
 
     Parameters
     ----------
     policy : Policy
         The resolved policy being installed.
+    backend : str
+        The backend its calls ask for.
     """
-    slow = slow_formats_on_sm90(policy)
-    if slow and on_sm90():
+    slow, speed = slow_steps(policy, backend=backend)
+    if slow:
         from ..notices import warn_once
 
         verb = "runs" if len(slow) == 1 else "run"
-        warn_once(SM90_MX_NOTICE,
-                  f"fsattn: policy {policy.name}: {' and '.join(slow)} {verb} no faster than mxfp8 on this Hopper GPU "
-                  f"(sm_90: one scale per 32 keys of P, which its GEMMs cannot take); use mxfp8, or policy "
-                  f"'{HOPPER_HYBRID}' for more precision on the first and last steps ({HOPPER_HYBRID_ENDS} there, "
-                  f"{HOPPER_HYBRID_MIDDLE} between)")
+        warn_once(SLOW_STEPS_NOTICE,
+                  f"fsattn: policy {policy.name}: {' and '.join(slow)} {verb} no faster than {speed.as_fast_as} on "
+                  f"this GPU ({speed.why}); use {speed.as_fast_as}, or policy '{HOPPER_HYBRID}' for more precision "
+                  f"on the first and last steps ({HOPPER_HYBRID_ENDS} there, {HOPPER_HYBRID_MIDDLE} between)")
 
 
 def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) -> FSAttnHandle:
@@ -180,8 +217,9 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
     policy : str, Recipe, mapping or Policy
         ``"bf16"``, ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"int8-bf16"``, ``"hybrid"``, ``"hybrid-int8-mxfp8"``
         (the Hopper hybrid), a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"`` or
-        ``{"ends": ..., "middle": ..., "n_ends": ...}``. On a Hopper GPU a policy with MXFP6/MXFP4 steps warns once
-        that they run no faster than mxfp8 there.
+        ``{"ends": ..., "middle": ..., "n_ends": ...}``. A policy with steps that this device's kernels run no
+        faster than a cheaper preset (MXFP6/MXFP4 on a Hopper GPU: no faster than mxfp8) warns once
+        (:func:`warn_slow_steps`).
     backend : str
         Passed to :func:`fsattn_diffusers.attention` on every call (``"auto"`` picks per call).
     record : bool
@@ -196,8 +234,7 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
         (``handle.active`` is False) and records nothing more; use the handle this call returns.
     """
     policy = get_policy(policy)
-    if backend != "emulator":
-        warn_slow_formats_on_sm90(policy)
+    warn_slow_steps(policy, backend)
     attention_backend = getattr(policy, "attention_backend", None)
     if attention_backend is not None:  # refuse before anything changes
         refuse_masked_models(pipe, policy.name, attention_backend)

@@ -10,7 +10,8 @@ Accepted specifications (:func:`get_policy`):
   (``"mxfp8+proxy=u32"``, every form :func:`fsattn_diffusers.recipe.get_recipe` takes): that recipe on every step.
 * ``"hybrid"``: paper Section 5.3, MXFP6 on the first and last 3 of 20 steps and MXFP4 in between,
   the number of end steps scaled to other step counts (:class:`EndsPolicy`). For AITER on MI355X and quality studies:
-  on Hopper MXFP6/MXFP4 run no faster than mxfp8 (:func:`slow_formats_on_sm90` names the policy's such steps).
+  on Hopper MXFP6/MXFP4 run no faster than mxfp8 (:func:`fsattn_diffusers.integration.install.slow_steps` names a
+  policy's such steps on a device).
 * ``"hybrid-int8-mxfp8"``: the same idea mapped to what is fast on Hopper, ``int8-bf16`` (the accurate tier) on the
   first and last 3 of 20 steps and ``mxfp8`` in between, scaled alike.
 * a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"``: segments in step order for the reference length
@@ -45,9 +46,6 @@ STOCK_NAMES = ("bf16", "stock")
 HYBRID_ENDS, HYBRID_MIDDLE, HYBRID_N_ENDS, HYBRID_REFERENCE_STEPS = "mxfp6", "mxfp4", 3, 20
 #: The Hopper hybrid: the accurate tier on the same end steps, mxfp8 in between.
 HOPPER_HYBRID, HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE = "hybrid-int8-mxfp8", INT8_BF16, "mxfp8"
-#: Q/K or P formats that carry one scale per 32 elements of P's keys or Q/K's channels: the MX blocks Hopper's GEMMs
-#: cannot take, so the sm_90 kernels run them no faster than mxfp8.
-MX_BLOCK_FORMATS = ("mxfp6", "mxfp4")
 
 Entry = Optional[Recipe]  # None = stock attention
 _ENDS_KEYS = ("ends", "middle", "n_ends", "reference_steps")
@@ -237,33 +235,6 @@ def hopper_hybrid_policy() -> EndsPolicy:
     return get_policy(HOPPER_HYBRID)
 
 
-def slow_formats_on_sm90(policy: "Policy", num_steps: Optional[int] = None) -> List[str]:
-    """The recipes of ``policy`` that the sm_90 kernels run no faster than mxfp8.
-
-    Parameters
-    ----------
-    policy : Policy
-        A resolved policy (:func:`get_policy`).
-    num_steps : int, optional
-        Steps to plan over; default the policy's ``reference_steps`` (every segment of a schedule as
-        written), or ``HYBRID_REFERENCE_STEPS`` when it has none.
-
-    Returns
-    -------
-    list of str
-        Names of the recipes, in step order without repeats, whose Q/K, P or V format is one of
-        :data:`MX_BLOCK_FORMATS` (one scale per 32 keys of P or channels of Q/K, which Hopper's GEMMs
-        cannot take); empty when there are none.
-    """
-    steps = num_steps or policy.reference_steps or HYBRID_REFERENCE_STEPS
-    names = []
-    for entry in policy.schedule(steps):
-        if entry is not None and entry.name not in names and any(
-                f in MX_BLOCK_FORMATS for f in (entry.qk_format, entry.p_format, entry.v_format)):
-            names.append(entry.name)
-    return names
-
-
 def parse_schedule(text: str) -> SchedulePolicy:
     """Parse ``"name:steps,name:steps,..."`` (e.g. ``"mxfp6:3,mxfp4:14,mxfp6:3"``)."""
     segments = []
@@ -352,10 +323,10 @@ class DiffusersBackendPolicy(FixedPolicy):
 def diffusers_backend_policy(name: str) -> DiffusersBackendPolicy:
     """The policy of :data:`DIFFUSERS_BACKEND_POLICIES` ``name``. One-line ValueError when its package is not
     importable or diffusers refuses the backend (``sage``: diffusers checks the installed distribution's version)."""
-    from ..backends import sage_backend
+    from . import sage
 
-    identity = sage_backend.require_sage(f"the {name} policy")
-    why = sage_backend.diffusers_refusal(identity)
+    identity = sage.require_sage(f"the {name} policy")
+    why = sage.diffusers_refusal(identity)
     if why is not None:
         raise ValueError(f"the {name} policy runs diffusers' {DIFFUSERS_BACKEND_POLICIES[name]} backend; {why}")
     return DiffusersBackendPolicy(name, DIFFUSERS_BACKEND_POLICIES[name])
@@ -425,6 +396,6 @@ def schedule_line(policy: Policy, num_steps: int) -> str:
 
 
 __all__ = ["schedule_line", "Policy", "FixedPolicy", "SchedulePolicy", "EndsPolicy", "get_policy", "hybrid_policy",
-           "hopper_hybrid_policy", "slow_formats_on_sm90",
+           "hopper_hybrid_policy",
            "parse_schedule", "parse_entry", "entry_name", "describe", "STOCK_NAMES", "BASELINE_POLICIES",
            "baseline_policy", "DIFFUSERS_BACKEND_POLICIES", "DiffusersBackendPolicy", "diffusers_backend_policy"]

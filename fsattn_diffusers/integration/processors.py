@@ -17,13 +17,13 @@ Targeting only self-attention with ``set_attn_processor``::
 
 from __future__ import annotations
 
-import os
 from typing import Optional, Tuple
 
 import torch
 
 from ..api import attention, supported_head_dim
 from ..backends import warn_once
+from ..backends.rope import fused_rope
 from ..recipe import Recipe
 from ..smoothing import valid_prefix
 from .policy import Entry, FixedPolicy, entry_name, get_policy
@@ -149,25 +149,10 @@ class _FSAttnProcessorBase:
         return f"{type(self).__name__}(policy={self.policy.name!r}, backend={self.backend!r})"
 
 
-# Wan's RoPE as one Triton pass (kernels/rope.py; bit-identical to _rope_interleaved, timing in docs/design.md,
-# "Fused Wan RoPE"): on by default for CUDA tensors, FSATTN_FUSED_ROPE=0 turns it off.
-FUSED_ROPE = os.environ.get("FSATTN_FUSED_ROPE", "1") != "0"
-# The kernel's grid puts the row blocks on CUDA's second grid axis (at most 65535 blocks of ROPE_ROWS rows).
-_FUSED_ROPE_MAX_TOKENS = 65535 * 32
-
-
 def _rope(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:
-    """:func:`_rope_interleaved`, by the fused kernel when enabled and the operands are what it takes."""
-    d = x.shape[-1]
-    if (FUSED_ROPE and x.is_cuda and x.dim() == 4 and d >= 2 and d & (d - 1) == 0
-            and x.shape[1] <= _FUSED_ROPE_MAX_TOKENS
-            and cos.dtype == sin.dtype == torch.float32 and cos.dim() == sin.dim() == 4
-            and tuple(cos.shape[1:]) == tuple(sin.shape[1:]) == (x.shape[1], 1, d)
-            and cos.shape[0] in (1, x.shape[0]) and sin.shape[0] in (1, x.shape[0])):
-        from ..kernels.rope import rope_interleaved
-
-        return rope_interleaved(x, cos, sin)
-    return _rope_interleaved(x, cos, sin)
+    """:func:`_rope_interleaved`, by the fused Triton pass where it takes the operands (:mod:`..backends.rope`)."""
+    fused = fused_rope(x, cos, sin)
+    return _rope_interleaved(x, cos, sin) if fused is None else fused
 
 
 def _rope_interleaved(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor) -> torch.Tensor:

@@ -198,7 +198,7 @@ def announce_backend(policies, backend: str, device) -> None:
         backend cannot take falls back at run time with its own notice. A policy that cannot plan its steps is
         passed over here (its run reports the failure).
     """
-    from ..backends import AUTO_ORDER, registered, warn_if_slow
+    from ..backends import auto_order, registered, warn_if_slow
 
     backends = registered()
     for policy in policies:
@@ -209,7 +209,7 @@ def announce_backend(policies, backend: str, device) -> None:
         if all(entry is None for entry in entries):
             continue
         name = policy.backend or backend
-        order = [n for n in AUTO_ORDER if n in backends] if name == "auto" else [name]
+        order = auto_order() if name == "auto" else [name]
         usable = [n for n in order if n in backends and backends[n].available_on(torch.device(device)) is None]
         if usable:
             warn_if_slow(usable[0])

@@ -73,8 +73,8 @@ def sdpa_fn(q, k, v, backend_name: str):
 
 def sage_fn(q, k, v, scale=None):
     """SageAttention's ``sageattn`` on BHSD (``tensor_layout='HND'``), or the one-line reason (str) when
-    ``sageattention`` is not importable (:mod:`fsattn_diffusers.backends.sage_backend` says which one runs)."""
-    from ..backends.sage_backend import sage_call, sage_missing
+    ``sageattention`` is not importable (:mod:`fsattn_diffusers.integration.sage` says which one runs)."""
+    from ..integration.sage import sage_call, sage_missing
 
     why = sage_missing()
     if why is not None:
@@ -84,7 +84,7 @@ def sage_fn(q, k, v, scale=None):
 
 def sage_record() -> Dict:
     """``{"sageattention": which SageAttention is imported (its identity dict, None when absent)}``."""
-    from ..backends.sage_backend import sage_identity
+    from ..integration.sage import sage_identity
 
     return {"sageattention": sage_identity()}
 
@@ -337,10 +337,10 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
 def environment(baselines=()) -> Dict:
     """The file's header (:func:`~fsattn_diffusers.measure.provenance.header`: device, versions, date, commit,
     command) with the GPU's capability and cuDNN version; with ``sage`` among ``baselines``, ``sageattention``: which
-    SageAttention runs (:func:`~fsattn_diffusers.backends.sage_backend.sage_identity`), or ``{"missing": reason}``."""
+    SageAttention runs (:func:`~fsattn_diffusers.integration.sage.sage_identity`), or ``{"missing": reason}``."""
     import torch
 
-    from ..backends.sage_backend import sage_identity, sage_missing
+    from ..integration.sage import sage_identity, sage_missing
 
     env = provenance.header(" ".join(["fsattn"] + sys.argv[1:]) if sys.argv else "fsattn bench")
     if torch.cuda.is_available():

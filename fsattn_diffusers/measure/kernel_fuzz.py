@@ -1,12 +1,12 @@
 """Seeded random cases for the attention kernels, and the checks each case must pass.
 
-Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against the sm90 reference) and by
+Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against its Hopper reference) and by
 tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against itself and against
 deliberately broken kernels). Nothing here imports Triton.
 
 Tolerance rule (:func:`fsattn_diffusers.testing.within_kernel_rule`, derived there): with
 ``err(x) = ||x - exact||_F / ||exact||_F`` against float64 softmax attention on the same inputs,
-``|err(kernel) - err(sm90 reference)| <= 5e-4 + 0.02 err(sm90 reference)``, and the kernel within
+``|err(kernel) - err(reference)| <= 5e-4 + 0.02 err(reference)`` (the Hopper reference), and the kernel within
 ``testing.KERNEL_REF_MAX`` relative of the reference; LSE within ln(1.125) + 0.01 of the reference's where a row
 has a valid key (Rowmax-H15, a step function of the score: 5e-2 and ln(1.5) + 0.01, see LSE_REF_MAX_H15) and -inf
 exactly where it has none. Further checks: no NaN anywhere in the output (the
@@ -28,7 +28,7 @@ from ..recipe import get_recipe
 from ..testing import KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, exact_attention, within_kernel_rule
 
 REL_REF_MAX = KERNEL_REF_MAX
-#: LSE against the sm90 reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
+#: LSE against the Hopper reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
 #: of a score can land on the neighbouring E4M3 value of P (one step, 2^-3 relative). In a row dominated by one key that
 #: moves l by up to 12.5%: ln(1.125) = 0.118 nats, plus 0.01 for the rest of the row (H200 fuzz: up to 0.117 in sharp
 #: rows of every variant, with outputs within 1.3e-2 of the reference).
@@ -36,7 +36,7 @@ LSE_REF_MAX = math.log(1.125) + 1e-2
 #: Rowmax-H15 (``exponential="rowmax_h15"``): its weight is a step function of the score, ``n = rne(2 (X - m))`` giving
 #: (1, 1.5, 2) 2^j, so a score that the summation order moves across a rounding boundary changes its weight by up to
 #: 1.5x (the row maximum's 1/128 grid cancels in ``m + log2 l``): ln(1.5) + 0.01 nats for a row dominated by one key.
-#: A row maximum one 1/128 step apart re-rounds every n of the row, so the outputs also sit further apart: the sm90
+#: A row maximum one 1/128 step apart re-rounds every n of the row, so the outputs also sit further apart: the Hopper
 #: reference against itself with its scores perturbed by 2e-4 relative moves by up to 4e-3 (out) and 0.15 (LSE); the
 #: H200 fuzz saw up to 3.1e-2 and 0.40, with the kernel's error against exact attention at or below the reference's.
 LSE_REF_MAX_H15 = math.log(1.5) + 1e-2

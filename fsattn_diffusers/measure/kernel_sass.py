@@ -1,6 +1,7 @@
-"""Offline sm_90a compile report of the attention kernels (no GPU): registers, spills, shared memory, and SASS
-instruction counts of the steady-state key loop per thread and 128-key tile, for the Triton kernel
-(kernels/sm90/fused_attention.py) and the Gluon ping-pong kernel (kernels/sm90/fused_attention_gluon_pingpong.py).
+"""Offline Hopper compile report of the attention kernels (no GPU; the compute capability and ptxas target come from
+the ``triton`` backend's device rule, :data:`HOPPER`): registers, spills, shared memory, and SASS instruction counts
+of the steady-state key loop per thread and 128-key tile, for the Triton kernel (kernels/sm90/fused_attention.py)
+and the Gluon ping-pong kernel (kernels/sm90/fused_attention_gluon_pingpong.py).
 
     python -m fsattn_diffusers.measure.kernel_sass [--out DIR] [--only NAME,...] [--list]
 
@@ -26,12 +27,16 @@ import triton
 from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
+from fsattn_diffusers.backends import registered
 from fsattn_diffusers.kernels.sm90 import ops
 from fsattn_diffusers.kernels.sm90.plan import plan_for
 from fsattn_diffusers.recipe import get_recipe
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
-TARGET = GPUTarget("cuda", 90, 32)
+#: The Hopper kernels' device rule (:class:`fsattn_diffusers.backends.CudaCapability`): what they are compiled for.
+HOPPER = registered()["triton"].available
+PTXAS_ARCH = HOPPER.ptxas_arch
+TARGET = GPUTarget("cuda", 10 * HOPPER.capabilities[0][0] + HOPPER.capabilities[0][1], 32)
 # Argument types by name (both kernels); pointers and padded lengths/strides get a real launch's divisibility by 16.
 TYPES = {"Q8": "*fp8e4nv", "K8": "*fp8e4nv", "V8T": "*fp8e4nv", "QE": "*i32", "KE": "*i32", "VS": "*fp32",
          "BIAS": "*fp32", "KG": "*i32", "TSEL": "*i32",
@@ -213,7 +218,7 @@ def local_memory_in_loops(sass: str) -> int:
 
 def register_use(kernel):
     """ptxas's (registers per thread, spill-store bytes) of a compiled kernel, one entry per function it reports."""
-    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), "-arch=sm_90a", "-v", "-o", os.devnull, "-"],
+    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), f"-arch={PTXAS_ARCH}", "-v", "-o", os.devnull, "-"],
                            input=kernel.asm["ptx"], capture_output=True, text=True).stderr
     return ([int(x) for x in re.findall(r"Used (\d+) registers", ptxas)],
             [int(x) for x in re.findall(r"(\d+) bytes spill stores", ptxas)])
@@ -260,7 +265,7 @@ def main(argv=None) -> int:
     if bad:
         print(f"kernel_sass: unknown configuration {', '.join(bad)}; accepted: {', '.join(CONFIGS)}", file=sys.stderr)
         return 2
-    print(f"sm_90a, triton {triton.__version__}; loop counts per thread and key tile, steady = loop - rare")
+    print(f"{PTXAS_ARCH}, triton {triton.__version__}; loop counts per thread and key tile, steady = loop - rare")
     print("| config | loop at | regs | spill bytes | shared | loop | steady | rare | " + " | ".join(KEYS) + " |")
     print("| --- " * (8 + len(KEYS)) + "|")
     failed = 0

@@ -3,7 +3,7 @@
 * :func:`header`: device, versions, date, commit and command of a run (the result file's ``meta``).
 * :func:`recipe_record`: the fields a result row adds for an fsattn recipe: ``recipe`` (the full resolved
   :class:`~fsattn_diffusers.recipe.Recipe`, every field) and ``computed_numerics`` (what the backend that ran
-  computes: the Hopper kernels compute the ``sm90`` variant whatever ``Recipe.numerics`` says, NUMERICS.md §6).
+  computes: the Hopper kernels compute their own variant whatever ``Recipe.numerics`` says, NUMERICS.md §6).
 * :func:`baseline_record`: the same fields for a row that no fsattn recipe produced (SDPA, FA3, stock attention).
 * :func:`recipes_markdown`: the same for a markdown report (one line per recipe).
 * :func:`result_rows`: every row of a committed result file, for the check that each carries both fields.
@@ -81,7 +81,7 @@ def policy_record(policy: str, steps: int = 20) -> Dict:
         recipe_name, backend = BASELINE_POLICIES[policy]
         return recipe_record(FA3_RECIPES[recipe_name], backend)
     if policy in DIFFUSERS_BACKEND_POLICIES:  # stock processors on a diffusers backend: which one, and what it ran
-        from ..backends.sage_backend import sage_identity
+        from ..integration.sage import sage_identity
 
         return {**baseline_record(), "attention_backend": f"diffusers:{DIFFUSERS_BACKEND_POLICIES[policy]}",
                 "sageattention": sage_identity()}

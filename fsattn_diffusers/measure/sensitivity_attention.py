@@ -22,6 +22,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ..backends.contract import AttentionRequest, AttentionResult
 from ..quality.diagnostics import FIELDS
 from .provenance import commit
 
@@ -43,7 +44,9 @@ class _Observer:
         self.calls: List[Dict] = []
         self.seconds = 0.0
 
-    def __call__(self, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+    def __call__(self, request: AttentionRequest) -> AttentionResult:  # the backend contract
+        q, k, v, recipe, scale, kv_lens = (request.q, request.k, request.v, request.recipe, request.scale,
+                                           request.kv_lens)
         from ..integration.install import installed
         from ..quality.analysis import sample_rows
         from ..quality.diagnostics import call_diagnostics
@@ -65,7 +68,7 @@ class _Observer:
         self.seconds += time.perf_counter() - t0
         if self.bar is not None:
             self.bar.update(1)
-        return out.to(q.dtype), None, None
+        return AttentionResult(out.to(q.dtype))
 
 
 def _model_spec(model_size: str, frames: int, height: int, width: int, layers: Optional[int]):

@@ -23,7 +23,7 @@ def _cell_text(cell: Dict) -> str:
 
 
 def _sage_text(sage) -> str:
-    """Which SageAttention (the identity dict of :func:`~fsattn_diffusers.backends.sage_backend.sage_identity`, or
+    """Which SageAttention (the identity dict of :func:`~fsattn_diffusers.integration.sage.sage_identity`, or
     ``{"missing": reason}``; older files: a version string or None)."""
     if isinstance(sage, dict):
         return sage.get("label") or f"not importable ({sage.get('missing')})"

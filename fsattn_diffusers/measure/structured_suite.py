@@ -11,9 +11,9 @@ and, against it, the global relative error and the cosine of
 * when importable on a CUDA device: FlashAttention-3 (``fa3_fwd_interface.flash_attn_func``) in BF16
   (``fa3-bf16``; fp16 inputs are rounded to BF16 first, since the ``fa3-fwd`` build has no FP16 kernels)
   and in FP8 E4M3 with per-(batch, head) scales ``amax / 448`` and the matching descales (``fa3-fp8``),
-  and SageAttention's ``sageattn`` (``sage``: SageAttention 2 where its sm90 build is importable, else the
+  and SageAttention's ``sageattn`` (``sage``: SageAttention 2 where its Hopper build is importable, else the
   installed one, e.g. PyPI's 1.0.6; the result's ``sageattention`` says which,
-  :func:`fsattn_diffusers.backends.sage_backend.sage_identity`).
+  :func:`fsattn_diffusers.integration.sage.sage_identity`).
 
 Every column also records how many output elements are NaN/inf where exact attention is finite, and
 whether the call left its inputs unchanged (compared with a copy taken before the call).
@@ -93,7 +93,7 @@ def external_columns(device: torch.device) -> Tuple[Dict[str, Callable], List[st
             out = fa3(q8, k8, v8, softmax_scale=scale, causal=False, q_descale=qd, k_descale=kd, v_descale=vd)
             return _first(out).transpose(1, 2)
         cols["fa3-bf16"], cols[FA3_FP8] = fa3_bf16, fa3_fp8
-    from ..backends.sage_backend import sage_call, sage_missing
+    from ..integration.sage import sage_call, sage_missing
 
     why = sage_missing()
     if why is not None:
@@ -112,7 +112,7 @@ ROW_COUPLING_FIELDS = ("smooth_q",)
 
 def _rows_per_row_exact(recipe: Recipe, backend: str, device: torch.device) -> bool:
     """True when the recipe's output rows do not depend on other query rows (so q may be subset):
-    the emulator in ``mi355x`` numerics (the ``sm90`` mode shares exponents across a query tile), no
+    the emulator in ``mi355x`` numerics (the Hopper mode shares exponents across a query tile), no
     statistic over the queries (:data:`ROW_COUPLING_FIELDS`) and the natural key order (the diagonal one visits a
     row's key tiles from its query tile's position)."""
     on_emulator = backend == "emulator" or (backend == "auto" and device.type == "cpu")
@@ -123,7 +123,7 @@ def _rows_per_row_exact(recipe: Recipe, backend: str, device: torch.device) -> b
 def conventional_recipe(recipe: Recipe) -> Recipe:
     """The conventional softmax on ``recipe``'s quantized operands: Table 4's "conventional" row
     (exact exponential, running maximum, row sum of the unquantized P) applied to the recipe, in the
-    emulator's ``mi355x`` numerics (the ``sm90`` mode covers the kernel's pipeline only), keys in the natural order
+    emulator's ``mi355x`` numerics (the Hopper mode covers the kernel's pipeline only), keys in the natural order
     (a running maximum has no first tile to choose nor a frozen reference to raise; the emulator's per-query-tile
     ``diagonal`` path would only make the column slower, ~30x on the H200 at S = 8192)."""
     return recipe.replace(name=f"conventional-{recipe.name}", numerics="mi355x", key_order="natural",
@@ -173,11 +173,11 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
         ``gaussian`` is always included (the bar checks compare against it).
     recipes : preset names or Recipes (default :func:`default_recipes`).
     seeds : input seeds 0 .. seeds-1.
-    backend : fsattn backend (``auto``: the Triton kernel on CUDA sm_90+, else the emulator).
+    backend : fsattn backend (``auto``: the Triton kernels on a Hopper GPU, else the emulator).
     query_rows : evaluate a fixed random subset of this many query rows (all keys); ``None``: all.
         Recipes computed by the emulator in ``mi355x`` numerics, whose rows are independent, then run on
         those rows only; the others run on all rows and are compared on the subset.
-    numerics : override ``Recipe.numerics`` (``mi355x`` or ``sm90``) of the fsattn recipes.
+    numerics : override ``Recipe.numerics`` (a value of :class:`~fsattn_diffusers.recipe.Numerics`) of the fsattn recipes.
     conventional, external : include the conventional-softmax and the other-implementation columns.
     progress : optional callable ``progress(case_label, column)`` after every column.
     on_case : optional callable taking the result so far (same form as the return value) after every case.
@@ -189,7 +189,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
     inputs_unchanged, ...}}}), ``columns`` (names in order), ``recipes`` (every field of each fsattn column's
     recipe), ``computed_numerics`` ({column: what its backend computed, ``"baseline"`` for FA3/SageAttention}),
     ``recipe_formats`` ({recipe column: MX format}), ``sageattention`` (which SageAttention the ``sage`` column ran,
-    :func:`~fsattn_diffusers.backends.sage_backend.sage_identity`; None without that column), ``notes`` (absent
+    :func:`~fsattn_diffusers.integration.sage.sage_identity`; None without that column), ``notes`` (absent
     columns, fallbacks), ``exact`` (how the reference was computed) and ``seconds``.
     """
     if len(shape) != 3 or min(shape) < 1:
@@ -239,7 +239,7 @@ def run_suite(shape: Sequence[int] = (1, 2, 2048), head_dims: Sequence[int] = (6
         columns.update({name: (fn, False) for name, fn in ext.items()})
     sage = None
     if "sage" in columns:
-        from ..backends.sage_backend import sage_identity
+        from ..integration.sage import sage_identity
 
         sage = sage_identity()
     t_start = time.perf_counter()

@@ -28,7 +28,7 @@ import torch
 
 from ..api import attention, supported_head_dim
 from ..backends import warn_once
-from ..integration.install import step_summary, warn_slow_formats_on_sm90
+from ..integration.install import step_summary, warn_slow_steps
 from ..integration.policy import Entry, entry_name, get_policy
 from ..integration.tracker import CallRecord, StepTracker
 
@@ -263,8 +263,7 @@ def install(policy="hybrid", pipe=None, *, slot: str = DEFAULT_SLOT, cross_slot:
         raise ValueError(f"xDiT registry has no kernel in slot {name}; accepted: an xfuser 0.7 registry")
     tracker = StepTracker(record=record)
     fn = XDiTAttention(policy, current, backend=backend, tracker=tracker, need_lse=need_lse, name=f"xdit:{name}")
-    if backend != "emulator":
-        warn_slow_formats_on_sm90(fn.policy)
+    warn_slow_steps(fn.policy, backend)
     registry[key] = fn
     handle = XDiTHandle(fn, registry, key, current)
     try:

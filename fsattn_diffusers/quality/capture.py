@@ -20,6 +20,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ..backends.contract import AttentionRequest, AttentionResult
 from ..smoothing import valid_prefix
 from .analysis import DEFAULT_ROWS, analyse, badness, resolve_recipes, sample_rows
 
@@ -89,13 +90,15 @@ class _Observer:
             self._position += 1
 
     # -- the backend ---------------------------------------------------------------------------
-    def __call__(self, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+    def __call__(self, request: AttentionRequest) -> AttentionResult:  # the backend contract
+        q, k, v, recipe, scale, kv_lens = (request.q, request.k, request.v, request.recipe, request.scale,
+                                           request.kv_lens)
         self._observe(q, k, v, scale, kv_lens)
         mask = None
         if kv_lens is not None:
             mask = valid_prefix(kv_lens, k.shape[2], k.device)[:, None, None, :]
         out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-        return out.to(q.dtype), None, None
+        return AttentionResult(out.to(q.dtype))
 
     @torch.no_grad()
     def _observe(self, q, k, v, scale, kv_lens) -> None:

@@ -29,6 +29,7 @@ from typing import Dict, List, Optional, Sequence
 
 import torch
 
+from ..backends.contract import AttentionRequest, AttentionResult
 from ..interventions import Intervention, intervened_attention, parse_interventions
 from ..smoothing import valid_prefix
 from .diagnostics import FIELDS, Diagnostics
@@ -140,7 +141,9 @@ class _Backend:
         recs = None if handle is None else handle.tracker.records
         return recs[-1] if recs else None
 
-    def __call__(self, q, k, v, recipe, *, scale, kv_lens, return_lse, return_stats):
+    def __call__(self, request: AttentionRequest) -> AttentionResult:  # the backend contract
+        q, k, v, recipe, scale, kv_lens = (request.q, request.k, request.v, request.recipe, request.scale,
+                                           request.kv_lens)
         iv = self.by_name.get(recipe.name)
         rec = self._record()
         block = None
@@ -152,9 +155,9 @@ class _Backend:
             if kv_lens is not None:
                 mask = valid_prefix(kv_lens, k.shape[2], k.device)[:, None, None, :]
             out = torch.nn.functional.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=scale)
-            return out.to(q.dtype), None, None
+            return AttentionResult(out.to(q.dtype))
         with _one_thread(q, q.shape[0] * q.shape[1] * q.shape[2] * k.shape[2]):
-            return self._intervene(q, k, v, iv, rec, scale, kv_lens), None, None
+            return AttentionResult(self._intervene(q, k, v, iv, rec, scale, kv_lens))
 
     def _intervene(self, q, k, v, iv, rec, scale, kv_lens):
         from ..interventions import resolve_for_call
