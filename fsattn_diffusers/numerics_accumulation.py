@@ -22,6 +22,8 @@ import torch
 FP8_MMA_ACC_MANT_BITS = 13
 #: Products of K per FP8 wgmma instruction (its K for E4M3 operands).
 FP8_MMA_K = 32
+#: The model's finest grid, 2^-100 (sums that small are kept whole; 2^100 stays a finite float32 multiplier).
+GRID_MIN_EXP = -100
 
 
 def truncate_to_grid(x: torch.Tensor, exp: torch.Tensor, mant_bits: int) -> torch.Tensor:
@@ -37,7 +39,9 @@ def fp8_chained_mma(acc: Optional[torch.Tensor], p: torch.Tensor, v: torch.Tenso
     Parameters
     ----------
     acc : (G, R, D) float32 accumulator, or None (a zeroed one).
-    p : (G, R, N) float32, E4M3 values (P of one key tile); v : (G, N, D) float32, E4M3 values times any power of two.
+    p : (G, R, N) float32, E4M3 values (P of one key tile); v : (G, N, D) float32, V's E4M3 values times its scale
+        (a power of two: the products are exact; ``fp8_tensor``/``fp8_channel``: they round once to float32, where the
+        kernel multiplies by the scale after the GEMM).
     mant_bits : bits kept below the largest exponent of each chained addition.
 
     Returns
@@ -50,8 +54,10 @@ def fp8_chained_mma(acc: Optional[torch.Tensor], p: torch.Tensor, v: torch.Tenso
         prods = p[:, :, k0:k0 + k_step, None] * v[:, None, k0:k0 + k_step, :]  # (G, R, k, D), exact
         big = torch.maximum(prods.abs().amax(dim=2), out.abs())
         _, e = torch.frexp(big)  # big = f 2^e, f in [0.5, 1): floor(log2 big) = e - 1
-        e = e - 1
-        out = truncate_to_grid(out, e, mant_bits) + truncate_to_grid(prods, e[:, :, None, :], mant_bits).sum(dim=2)
+        q = torch.clamp(e - 1 - mant_bits, min=GRID_MIN_EXP).to(torch.int32)  # the grid's exponent
+        inv = torch.ldexp(torch.ones_like(big), -q)  # exact powers of two: x * inv, integer sums times 2^q are exact
+        units = torch.trunc(out * inv) + torch.trunc(prods.mul_(inv[:, :, None, :])).sum(dim=2)
+        out = torch.ldexp(units, q)
     return out
 
 
