@@ -123,12 +123,12 @@ def test_sage2_model_groups():
 # ---------------------------------------------------------------------------------------------------- accumulation
 
 def test_chained_mma_truncates_below_the_largest_exponent():
-    # acc 2^14: the grid is 2^(14 - 13) = 2, so the product 1.5 is cut to 0 and -3 to -2 (toward zero)
+    # acc 2^14: the grid is 2^(14 - 13) = 2, so the product 1.5 is cut to 0 and 1.5 * -3 = -4.5 to -4 (toward zero)
     acc = torch.tensor([[[16384.0, 16384.0]]])
     p = torch.tensor([[[1.5, 1.0]]])
     v = torch.tensor([[[1.0, -3.0], [0.0, 0.0]]])
     got = fp8_chained_mma(acc, p, v)
-    assert torch.equal(got, torch.tensor([[[16384.0, 16382.0]]]))
+    assert torch.equal(got, torch.tensor([[[16384.0, 16380.0]]]))
     # from zero, exact products of one instruction sum exactly when they lie within 2^13 of the largest
     p = torch.full((1, 1, 32), 2.0)
     v = torch.ones(1, 32, 1)
