@@ -26,7 +26,7 @@ SAGE_RATIO_MAX = 1.15
 def test_the_preset_resolves_and_names_its_numerics():
     r = get_recipe(INT8_FP8)
     assert (r.qk_format, r.p_format, r.v_format) == ("int8", "fp8_row", "fp8_channel")
-    assert r.frozen_max and r.rollback and r.rowsum_gemm and r.hadamard and r.smooth_k and not r.smooth_q
+    assert r.frozen_max and r.rollback and r.rowsum_gemm and r.hadamard and r.smooth_k and r.smooth_q
     assert r.exponential == "exact" and r.key_order == "diagonal" and r.rollback_floor_log2 == 10
     assert r.o_promotion_tiles == 1 and VFormat("fp8_channel") is VFormat.FP8_CHANNEL
     assert get_recipe("int8-fp8+o_promotion_tiles=none").o_promotion_tiles is None
@@ -100,7 +100,7 @@ def test_awkward_shapes_padded_keys_no_nan_inputs_unchanged(shape):
     assert torch.equal(out, out2)
 
 
-@pytest.mark.parametrize("family", ["gaussian", "clustered"])
+@pytest.mark.parametrize("family", ["gaussian", "clustered", "offset_uniform_qk"])
 def test_error_against_exact_and_against_the_sage2_model(family):
     q, k, v = FAMILIES[family](1, 2, 1024, 64, torch.bfloat16, "cpu", 0)
     sc = 64 ** -0.5
