@@ -332,10 +332,10 @@ PRESETS = {
     # smoothing; `int8-bf16+smooth_q=true` adds Q smoothing with its per-slice switch (NUMERICS.md §1, §7).
     INT8_BF16: Recipe(name=INT8_BF16, qk_format="int8", p_format="bf16", v_format="bf16", **_FUSED,
                       **{k: v for k, v in ROBUST.items() if k != "smooth_q"}),
-    # The Hopper speed tier: the accurate tier's INT8 pre-pass with Q smoothing's per-slice switch (ROBUST), P =
-    # E4M3(2^(X - m) 2^4) under the frozen reference (sm90_numerics difference 13; the exact exponential: Schraudolph's
-    # proxy missed SageAttention 2's error on gaussian, NUMERICS.md §1), V in E4M3 with one scale per channel, and fp8_row
-    # P's lowering and key order.
+    # The Hopper speed tier: the accurate tier's INT8 pre-pass with Q smoothing's per-slice switch (ROBUST),
+    # P = E4M3(2^(X - m) 2^4) under the frozen reference (sm90_numerics difference 13; the exact exponential:
+    # Schraudolph's proxy missed SageAttention 2's error on gaussian, NUMERICS.md §1), V in E4M3 with one scale per
+    # channel, and fp8_row P's lowering and key order.
     INT8_FP8: Recipe(name=INT8_FP8, qk_format="int8", p_format="fp8_row", v_format="fp8_channel",
                      **{**_FUSED, "exponential": "exact"}, **ROBUST, **ROBUST_P["fp8_row"]),
 }
