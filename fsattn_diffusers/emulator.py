@@ -13,6 +13,7 @@ import torch
 
 from .exponent import LN2
 from .numerics import MI355XNumerics, key_tile_order, numerics_for
+from .numerics_accumulation import fp8_chained_mma, promotes_after
 from .recipe import ROLLBACK_FLOOR_LIMIT_LOG2, Recipe
 from .smoothing import smooth_inputs, valid_prefix
 
@@ -62,6 +63,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
     low_before = torch.zeros((g, r), dtype=torch.bool, device=q.device)  # the previous key tile was low
     l = torch.zeros((g, r), device=q.device)
     o = torch.zeros((g, r, v.shape[-1]), device=q.device)
+    acc = None  # the FP8 wgmma's accumulator between fp32 promotions (where modelled: ``o_promotion_tiles``)
     n_qt = -(-r // num.tile_m)
     if tiles is None:
         tiles = range(-(-s_k // n))
@@ -100,6 +102,8 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
                 m_high = torch.maximum(m_high, m)
                 down = torch.exp2(-delta)
                 o, l = o * down[..., None], l * down
+                if acc is not None:
+                    acc = acc * down[..., None]
                 stats["rollbacks"] += int(fire.sum())
                 pad = n_qt * num.tile_m - r
                 per_tile = torch.nn.functional.pad(fire, (0, pad)).reshape(g, n_qt, num.tile_m)
@@ -109,7 +113,14 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
             p = torch.where(vmask, p, torch.zeros_like(p))
         p_hat, row_sum = num.stage_b(p)
         l = l + row_sum
-        o = o + torch.matmul(p_hat, v[:, k0:k1])
+        if not num.models_pv_accumulation:
+            o = o + torch.matmul(p_hat, v[:, k0:k1])
+            continue
+        acc = fp8_chained_mma(acc, p_hat, v[:, k0:k1], num.acc_mant_bits)
+        if promotes_after(j, num.o_promotion_tiles):
+            o, acc = o + acc, None
+    if acc is not None:
+        o = o + acc
     return o, l, m
 
 

@@ -127,13 +127,16 @@ class QKFormat(_OperandFormat):
 class VFormat(_OperandFormat):
     """The format of V, the PV GEMM's B operand (``Recipe.v_format``; NUMERICS.md §1).
 
-    ``FP32``/``BF16`` round to those types. ``FP8_TENSOR``: E4M3 with one FP32 scale per tensor. ``MXFP8``/
-    ``MXFP6``/``MXFP4``: OCP MX with an E8M0 scale per 32 keys of a channel.
+    ``FP32``/``BF16`` round to those types. ``FP8_TENSOR``: E4M3 with one FP32 scale per tensor. ``FP8_CHANNEL``:
+    E4M3 with one FP32 scale ``amax / 448`` per (batch, head, channel) over the valid keys
+    (:func:`fake_quantize_fp8_channel`; SageAttention 2's V). ``MXFP8``/``MXFP6``/``MXFP4``: OCP MX with an E8M0
+    scale per 32 keys of a channel.
     """
 
     FP32 = "fp32"
     BF16 = "bf16"
     FP8_TENSOR = "fp8_tensor"
+    FP8_CHANNEL = "fp8_channel"
     MXFP8 = "mxfp8"
     MXFP6 = "mxfp6"
     MXFP4 = "mxfp4"
@@ -363,6 +366,15 @@ def fake_quantize_fp8_tensor(x: torch.Tensor) -> torch.Tensor:
     x = x.to(torch.float32)
     amax = x.abs().amax()
     scale = torch.where(amax > 0, amax / E4M3.max_value, torch.ones_like(amax))
+    return round_to_elem(x / scale, E4M3) * scale
+
+
+def fake_quantize_fp8_channel(x: torch.Tensor) -> torch.Tensor:
+    """FP8 E4M3 with one float32 scale ``amax / 448`` per channel (the last axis) over the tokens (axis -2):
+    ``E4M3(x / scale) * scale`` for ``x`` (..., S, D), float32 values of that shape. A channel of zeros stays zero."""
+    x = x.to(torch.float32)
+    amax = x.abs().amax(dim=-2, keepdim=True)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3.max_value), torch.ones_like(amax))
     return round_to_elem(x / scale, E4M3) * scale
 
 

@@ -14,7 +14,8 @@ from typing import List, Optional, Tuple
 import torch
 
 from .exponent import stage_a as exponent_stage_a
-from .formats import PFormat, QKFormat, VFormat, fake_quantize_mx, int8_rows
+from .numerics_accumulation import FP8_MMA_ACC_MANT_BITS
+from .formats import PFormat, QKFormat, VFormat, fake_quantize_mx, int8_rows, round_to_bf16
 from .operands import LOG2E, prepare_qk, prepare_v, prequantize_qk, stage_b
 from .recipe import KEY_ORDERS, Exponential, KeyOrder, Proxy, Recipe
 
@@ -48,6 +49,17 @@ class MI355XNumerics:
         self.cap_log2 = recipe.rollback_cap_log2
         #: log2 of the constant factor P carries (subtracted from the LSE).
         self.p_scale_log2 = 0
+        #: Key tiles per fp32 promotion of O (``Recipe.o_promotion_tiles``): 1 sums O in fp32; the FP8-PV ``sm90``
+        #: numerics take the recipe's value (``numerics_accumulation``).
+        self.o_promotion_tiles = 1
+        #: Mantissa bits of the FP8 wgmma's accumulation where it is modelled (``o_promotion_tiles`` other than 1).
+        self.acc_mant_bits = FP8_MMA_ACC_MANT_BITS
+
+    @property
+    def models_pv_accumulation(self) -> bool:
+        """Whether the PV GEMM's tensor-core accumulation is modelled (:func:`.numerics_accumulation.fp8_chained_mma`
+        across ``o_promotion_tiles`` key tiles) instead of an fp32 sum per key tile."""
+        return self.o_promotion_tiles != 1
 
     def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
         """(Q, K, V) float32 (B, H, S, D) values the GEMMs multiply, the factor applied to scores, Q smoothing's
@@ -100,6 +112,7 @@ class SM90Numerics(MI355XNumerics):
         self.tile_m = self.tile_n = sm90.TILE
         self.cap_log2 = min(recipe.rollback_cap_log2, sm90.P_HEADROOM_LOG2)
         self.p_scale_log2 = sm90.P_SIGMA[recipe.p_format]
+        self.o_promotion_tiles = recipe.o_promotion_tiles
 
     def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
         """As the base class; the per-key term in the kernel's E4M3 terms (sm90_numerics difference 9)."""
@@ -129,31 +142,43 @@ class SM90Numerics(MI355XNumerics):
         return p8, p8.sum(dim=-1)
 
 
-#: The exponentials of the Hopper INT8 kernel (sm90_numerics difference 11).
+#: The exponentials of the Hopper INT8 kernel (sm90_numerics differences 11, 13).
 INT8_EXPONENTIALS = (Exponential.SCHRAUDOLPH, Exponential.EXACT)
+#: The (P, V) formats of the Hopper INT8 kernel: the accurate tier (BF16 P and V, difference 10) and the speed tier
+#: (E4M3 P under the fixed per-row 2^sigma, E4M3 V with a scale per channel or per tensor; difference 13).
+INT8_PV_FORMATS = ((PFormat.BF16, VFormat.BF16), (PFormat.FP8_ROW, VFormat.FP8_CHANNEL),
+                   (PFormat.FP8_ROW, VFormat.FP8_TENSOR))
 
 
 class SM90Int8Numerics(MI355XNumerics):
     """The Hopper INT8 Q/K kernel (``kernels/sm90/fused_attention_gluon_int8.py``, sm90_numerics difference 10): exact
-    integer scores times ``float32(s_q s_k)``, the reference on the 1/128 grid, Stage-A's BF16 pattern itself as P
-    (``eps' = 7/128``), BF16 V, the gate at the recipe's cap (BF16 P has the range)."""
+    integer scores times ``float32(s_q s_k)``, the reference on the 1/128 grid. BF16 P: Stage-A's BF16 pattern itself
+    (``eps' = 7/128``), BF16 V, the gate at the recipe's cap (BF16 P has the range). FP8 P (difference 13): Stage-A's
+    FP16 proxy of ``P 2^4`` (or ``2^(x - m + 4)``) rounded to E4M3, the gate at ``min(cap, 4)``, E4M3 V; O summed in
+    fp32 every ``Recipe.o_promotion_tiles`` key tiles."""
 
     def __init__(self, recipe: Recipe):
         from . import sm90_numerics as sm90
 
         if not (recipe.frozen_max and recipe.exponential in INT8_EXPONENTIALS and recipe.proxy == Proxy.U16
-                and recipe.p_format == PFormat.BF16 and recipe.v_format == VFormat.BF16):
+                and (recipe.p_format, recipe.v_format) in INT8_PV_FORMATS):
             raise ValueError(f"numerics='sm90' with int8 Q/K covers the Hopper INT8 kernel's recipes only (frozen max, "
-                             f"exponential {', '.join(INT8_EXPONENTIALS)} with the U16 proxy, BF16 P and V), got "
-                             f"{recipe}; accepted: int8-bf16 and its exponential= variants")
+                             f"exponential {', '.join(INT8_EXPONENTIALS)} with the U16 proxy, P/V "
+                             f"{', '.join(f'{p}/{v}' for p, v in INT8_PV_FORMATS)}), got {recipe}; accepted: "
+                             f"int8-bf16, int8-fp8 and their exponential= variants")
         super().__init__(recipe)
         self._sm90 = sm90
         self.tile_m = self.tile_n = sm90.TILE
+        self._fp8_p = recipe.p_format == PFormat.FP8_ROW
+        if self._fp8_p:
+            self.p_scale_log2 = sm90.P_SIGMA[PFormat.FP8_ROW]
+            self.cap_log2 = min(recipe.rollback_cap_log2, sm90.P_HEADROOM_LOG2)
+            self.o_promotion_tiles = recipe.o_promotion_tiles
 
     def operands(self, q, k, v, scale: float, valid: Optional[torch.Tensor], bias: Optional[torch.Tensor] = None):
         """INT8 codes with each row's scale appended as a last column: Q (B, H, S_q, D + 1), K (B, H, S_k, D + 1)
-        (one scale per key tile; keys past ``valid`` zero before it is taken); V in BF16. Q smoothing's key term
-        ``bias`` passes through: the loop adds it to the fp32 scores (difference 12)."""
+        (one scale per key tile; keys past ``valid`` zero before it is taken); V in the recipe's format. Q smoothing's
+        key term ``bias`` passes through: the loop adds it to the fp32 scores (difference 12)."""
         vmask = None if valid is None else valid[:, None, :, None]
         if vmask is not None:
             k = torch.where(vmask, k, torch.zeros_like(k))
@@ -170,14 +195,21 @@ class SM90Int8Numerics(MI355XNumerics):
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
     def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
-        """Schraudolph's BF16 pattern (difference 10) or BF16(2^(x - m)) (``exact``, difference 11)."""
+        """Schraudolph's BF16 pattern (difference 10; FP8 P: the FP16 proxy of ``P 2^sigma``, difference 13) or
+        ``2^(x - m)`` (``exact``, difference 11; BF16 P rounds it, FP8 P keeps fp32 times ``2^sigma``)."""
+        sigma = self.p_scale_log2
         if self.recipe.exponential == Exponential.EXACT:
             y = (x.double() - m.double()[..., None]).float()
-            return torch.nan_to_num(torch.exp2(y).to(torch.bfloat16).float(), nan=0.0)
-        return self._sm90._stage_a(x, m, 0, not self.recipe.rollback)
+            if self._fp8_p:  # times the exact power of two 2^sigma; E4M3 saturates what the gate lets through
+                return torch.nan_to_num(torch.exp2(y), nan=0.0) * float(2 ** sigma)
+            return torch.nan_to_num(round_to_bf16(torch.exp2(y)), nan=0.0)
+        return self._sm90._stage_a(x, m, sigma, not self.recipe.rollback, f16=self._fp8_p)
 
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
-        """No Stage-B: P is Stage-A's BF16 value; the row sum adds those values."""
+        """BF16 P: no Stage-B, the row sum adds Stage-A's values. FP8 P: ``E4M3(P 2^sigma)`` (RNE), and the row sum
+        adds those E4M3 values (difference 13)."""
+        if self._fp8_p:
+            p = self._sm90.e4m3(p)
         return p, p.sum(dim=-1)
 
 

@@ -11,7 +11,7 @@ from typing import Tuple
 
 import torch
 
-from .formats import (DEFAULT_SCALE_RULE, MX_ELEMENT, PFormat, QKFormat, ScaleRule, VFormat,
+from .formats import (DEFAULT_SCALE_RULE, MX_ELEMENT, PFormat, QKFormat, ScaleRule, VFormat, fake_quantize_fp8_channel,
                       fake_quantize_fp8_tensor, fake_quantize_int8_rows, fake_quantize_mx, round_to_bf16)
 from .exponent import LOG2E  # noqa: F401 (operands.LOG2E: where Q is pre-scaled)
 from .hadamard import fwht_unnormalized, rotation_signs
@@ -102,6 +102,8 @@ def prepare_v(v: torch.Tensor, recipe: Recipe, valid: torch.Tensor = None) -> to
         return y
     if fmt == VFormat.FP8_TENSOR:
         return fake_quantize_fp8_tensor(y)
+    if fmt == VFormat.FP8_CHANNEL:
+        return fake_quantize_fp8_channel(y)
     return fake_quantize_mx(y, MX_ELEMENT[fmt], axis=-2, rule=scale_rule(recipe, "v", fmt))
 
 

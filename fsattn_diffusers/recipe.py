@@ -195,6 +195,12 @@ class Recipe:
     numerics : Numerics or str
         ``mi355x`` (the paper's kernels) or ``sm90`` (what our Hopper kernel computes; see
         :mod:`fsattn_diffusers.emulator`).
+    o_promotion_tiles : int or None
+        FP8 PV on Hopper (the ``sm90`` numerics with FP8 P): every how many key tiles the FP8 wgmma's accumulator is
+        added to O in fp32 and restarted from zero. ``1`` (the default): every tile, the reference sums O in fp32;
+        ``n``: the accumulator chains ``n`` tiles (``4 n`` wgmmas of 32 keys) in the tensor cores' reduced-precision
+        accumulation, :func:`fsattn_diffusers.numerics_accumulation.fp8_chained_mma`; ``None`` (or 0): never, the
+        whole row in the tensor cores. Other numerics sum O in fp32 whatever it says (NUMERICS.md §6).
 
     A string given for a mode field (:data:`MODE_FIELDS`) is stored as the enum member it names, which compares,
     hashes and serializes as that string: ``Recipe(qk_format="mxfp8").qk_format is QKFormat.MXFP8`` and
@@ -225,6 +231,7 @@ class Recipe:
     v_scale_rule: Optional[ScaleRule] = None
     p_scale_rule: Optional[ScaleRule] = None
     numerics: Numerics = Numerics.MI355X
+    o_promotion_tiles: Optional[int] = 1
 
     def __post_init__(self) -> None:
         for field, mode in MODE_FIELDS.items():
@@ -243,6 +250,12 @@ class Recipe:
         if not (self.smooth_q_min_ratio >= 0.0 and self.smooth_q_min_ratio < float("inf")):
             raise ValueError(f"Recipe.smooth_q_min_ratio={self.smooth_q_min_ratio!r} is out of range; accepted: a "
                              f"finite number >= 0 (0: every slice)")
+        if self.o_promotion_tiles == 0:
+            object.__setattr__(self, "o_promotion_tiles", None)  # 0: never, stored as None
+        if self.o_promotion_tiles is not None and not (isinstance(self.o_promotion_tiles, int)
+                                                       and self.o_promotion_tiles >= 1):
+            raise ValueError(f"Recipe.o_promotion_tiles={self.o_promotion_tiles!r} is not supported; accepted: a "
+                             f"positive int (key tiles per fp32 promotion), or None / 0 (never)")
         for field in ("tile_m", "tile_n"):
             value = getattr(self, field)
             if value < 32 or value % 32:
@@ -308,6 +321,8 @@ _OPERANDS = {
 BF16_EMULATED = "bf16-emulated"
 #: The accurate tier's preset (INT8 Q/K, BF16 P and V).
 INT8_BF16 = "int8-bf16"
+#: The Hopper speed tier's preset (INT8 Q/K, FP8 E4M3 P and V).
+INT8_FP8 = "int8-fp8"
 PRESETS = {
     "exact": Recipe(name="exact", qk_format="fp32", p_format="fp32", v_format="fp32"),
     BF16_EMULATED: Recipe(name=BF16_EMULATED, qk_format="bf16", p_format="bf16", v_format="bf16"),
@@ -318,6 +333,12 @@ PRESETS = {
     # smoothing; `int8-bf16+smooth_q=true` adds Q smoothing with its per-slice switch (NUMERICS.md §1, §7).
     INT8_BF16: Recipe(name=INT8_BF16, qk_format="int8", p_format="bf16", v_format="bf16", **_FUSED,
                       **{k: v for k, v in ROBUST.items() if k != "smooth_q"}),
+    # The Hopper speed tier: the accurate tier's INT8 pre-pass with Q smoothing's per-slice switch (ROBUST),
+    # P = E4M3(2^(X - m) 2^4) under the frozen reference (sm90_numerics difference 13; the exact exponential:
+    # Schraudolph's proxy missed SageAttention 2's error on gaussian, NUMERICS.md §1), V in E4M3 with one scale per
+    # channel, and fp8_row P's lowering and key order.
+    INT8_FP8: Recipe(name=INT8_FP8, qk_format="int8", p_format="fp8_row", v_format="fp8_channel",
+                     **{**_FUSED, "exponential": "exact"}, **ROBUST, **ROBUST_P["fp8_row"]),
 }
 
 

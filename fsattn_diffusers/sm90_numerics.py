@@ -70,12 +70,23 @@ differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_
    forms the scores in doublings as ``fma(S, float32(s_q s_k), b_j)`` (one rounding) before the gate and Stage-A,
    where the reference adds ``b_j`` to ``float32(S * float32(s_q s_k))`` (two roundings; the same where ``b_j = 0``).
 
+13. **The INT8 speed tier (``int8-fp8``: INT8 Q/K, ``p_format="fp8_row"``, ``v_format="fp8_channel"``).** Scores and
+   reference as difference 10; P is carried as ``E4M3(P 2^sigma)`` with sigma = 4 and the gate at ``min(cap, 4)`` as in
+   differences 3-4. Under Schraudolph, Stage-A is difference 7's FP16 proxy of ``P 2^4`` and the E4M3 cast rounds it
+   (RNE); under ``exponential="exact"``, ``E4M3(2^(X - m) 2^4)`` from the fp32 power (``ex2.approx.f32``, within
+   2 ulp). The row sum adds the E4M3 values (difference 5). V is E4M3 with one fp32 scale ``amax / 448`` per
+   (batch, head, channel) over the valid keys, multiplied into V8 here; a kernel may apply it to O instead.
+
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
 chained onto O every later tile's products would be cut at O's magnitude: on sharp, patch-like rows 10.5% of the output
-at S = 32768 against the reference's 0.8%). The score GEMM's own accumulation on the tensor cores (within a key tile,
-over the head dimension) and the fp32 summation order are not modeled;
-:func:`fsattn_diffusers.testing.within_kernel_rule` states what that allows.
+at S = 32768 against the reference's 0.8%). ``Recipe.o_promotion_tiles = n`` other than 1 models a kernel that adds
+the accumulator to O only every ``n`` key tiles (None: never): the PV GEMM's products then pass through
+:func:`fsattn_diffusers.numerics_accumulation.fp8_chained_mma`, per 32-key wgmma truncated toward zero below
+``2^(E - 13)``, ``E`` the largest exponent among the accumulator and the instruction's products. The score GEMM's own
+accumulation on the tensor cores (within a key tile, over the head dimension), the PV accumulation within one key tile
+at ``n = 1`` and the fp32 summation order are not modeled; :func:`fsattn_diffusers.testing.within_kernel_rule` states
+what that allows.
 """
 
 from __future__ import annotations

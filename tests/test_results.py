@@ -20,6 +20,9 @@ RECIPE_FIELDS = {f.name for f in dataclasses.fields(Recipe)}
 CORE_FIELDS = {"name", "qk_format", "p_format", "v_format", "exponential", "proxy", "frozen_max", "rollback",
                "rowsum_gemm", "hadamard", "numerics"}
 COMPUTED = {"sm90", "mi355x", "fa3"}
+#: Fields added after the committed files were written: a file from before may lack them (``o_promotion_tiles``: files
+#: from before it ran kernels that promoted O every tile, or, before the fp32 O sum, never; the field cannot say which).
+ADDED_LATER = {"o_promotion_tiles"}
 
 
 def _recipes(row):
@@ -45,7 +48,7 @@ def test_every_row_carries_a_full_recipe_and_the_numerics_computed(path):
     assert rows, f"{path}: no rows found"
     for where, row in rows:
         assert "recipe" in row and "computed_numerics" in row, f"{path} {where}: no recipe / computed_numerics"
-        required = CORE_FIELDS if "recipe_source" in row else RECIPE_FIELDS
+        required = CORE_FIELDS if "recipe_source" in row else RECIPE_FIELDS - ADDED_LATER
         for recipe, numerics in _recipes(row):
             if recipe is None:
                 assert isinstance(numerics, str) and numerics, f"{path} {where}: a row without a recipe names what ran"

@@ -1,0 +1,187 @@
+"""CPU measurements that choose the Hopper speed tier's numerics (``int8-fp8``) against the model of SageAttention 2.
+
+Every column runs on the same structured-suite inputs (:mod:`.structured_inputs`) in one process: the emulator in the
+``sm90`` numerics for the INT8-Q/K + FP8-P/V variants, :func:`.sage2_model.sage2_sm90_attention` for SageAttention 2,
+and exact float64 attention as the reference. A variant is the preset with recipe changes (``"int8-fp8+exponential=
+exact"``) and, for choices the library does not offer as a recipe field, one of :data:`MEASURE_ONLY`:
+
+* ``sigma6``: P carried as ``E4M3(P 2^6)`` with the gate at 2 doublings (instead of ``2^4`` and 4);
+* ``u8``: Stage-A's single-stage U8 proxy read as E4M3 (the exponent rounded in the log domain, no E4M3 cast);
+* ``vblock``: V in E4M3 with one scale per channel and 128-key tile; ``vsmooth``: V's BF16 per-channel mean
+  subtracted before the quantization and added to the output (exact: P's rows sum to the row sum).
+
+``python -m fsattn_diffusers.measure.int8_fp8_sweep --shape 1,2,2048 --json OUT.json --variants ...``
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import json
+import math
+import time
+from typing import Callable, Dict, List, Optional, Sequence
+
+import torch
+
+from .. import emulator as emulator_module
+from .. import sm90_numerics as sm90
+from ..emulator import emulate_attention
+from ..exponent import PROXY_LAYOUT, SCHRAUDOLPH_EPS, U8_MAX_CODE
+from ..formats import E4M3, round_to_elem
+from ..numerics import SM90Int8Numerics, numerics_for
+from ..recipe import get_recipe
+from ..smoothing import subtract_mean, token_mean
+from ..testing import exact_attention, relative_error
+from .sage2_check import geomean
+from .sage2_model import sage2_sm90_attention
+from .structured_inputs import FAMILIES
+from .structured_suite import DTYPES
+
+#: Measure-only changes of the sm90 INT8 numerics (module docstring), applied after the recipe's own.
+MEASURE_ONLY = ("sigma6", "u8", "vblock", "vsmooth")
+SAGE = "sage2-model"
+
+
+class _Variant(SM90Int8Numerics):
+    """SM90Int8Numerics with the :data:`MEASURE_ONLY` changes in ``extras``."""
+
+    extras: Sequence[str] = ()
+
+    def __init__(self, recipe):
+        super().__init__(recipe)
+        if "sigma6" in self.extras:
+            self.p_scale_log2, self.cap_log2 = 6, min(self.cap_log2, 2)
+
+    def operands(self, q, k, v, scale, valid, bias=None):
+        out = list(super().operands(q, k, v, scale, valid, bias))
+        if "vblock" in self.extras:  # E4M3 with amax / 448 per channel and 128-key tile
+            y = v.to(torch.float32).to(torch.bfloat16).to(torch.float32)
+            b, h, s, d = y.shape
+            pad = (-s) % sm90.TILE
+            yb = torch.nn.functional.pad(y, (0, 0, 0, pad)).reshape(b, h, -1, sm90.TILE, d)
+            amax = yb.abs().amax(dim=-2, keepdim=True)
+            sc = torch.where(amax > 0, amax / E4M3.max_value, torch.ones_like(amax))
+            out[2] = (round_to_elem(yb / sc, E4M3) * sc).reshape(b, h, -1, d)[:, :, :s]
+        return tuple(out)
+
+    def stage_a(self, x, m):
+        if "u8" not in self.extras:
+            return super().stage_a(x, m)
+        mbits, bias, _ = PROXY_LAYOUT["u8"]
+        t = torch.round((x.double() - m.double()[..., None]) * 2.0 ** mbits
+                        + 2.0 ** mbits * (bias - SCHRAUDOLPH_EPS + self.p_scale_log2))
+        t = torch.clamp(torch.nan_to_num(t, nan=0.0, neginf=0.0), 0, U8_MAX_CODE).to(torch.uint8)
+        return t.view(torch.float8_e4m3fn).to(torch.float32)
+
+
+@contextlib.contextmanager
+def _numerics(extras: Sequence[str]):
+    """Make the emulator build :class:`_Variant` with ``extras`` for INT8 sm90 recipes."""
+    if not extras:
+        yield
+        return
+    cls = type("Variant", (_Variant,), {"extras": tuple(extras)})
+    original = emulator_module.numerics_for
+    emulator_module.numerics_for = lambda r: cls(r) if r.numerics == "sm90" and r.qk_format == "int8" \
+        else original(r)
+    try:
+        yield
+    finally:
+        emulator_module.numerics_for = original
+
+
+def variant_fn(spec: str) -> Callable:
+    """``fn(q, k, v, scale) -> out`` for a column spec: :data:`SAGE`, or ``recipe[:extra,extra]``."""
+    if spec == SAGE:
+        return lambda q, k, v, sc: sage2_sm90_attention(q, k, v, scale=sc)
+    name, _, extra = spec.partition(":")
+    extras = [e for e in extra.split(",") if e]
+    for e in extras:
+        if e not in MEASURE_ONLY:
+            raise ValueError(f"unknown measure-only change {e!r}; accepted: {', '.join(MEASURE_ONLY)}")
+    recipe = get_recipe(name).replace(numerics="sm90")
+    numerics_for(recipe)  # refuse a recipe the sm90 numerics do not take, before any input is drawn
+
+    def fn(q, k, v, sc):
+        mean = None
+        if "vsmooth" in extras:
+            mean = token_mean(v)
+            v = subtract_mean(v, mean)
+        with _numerics([e for e in extras if e != "vsmooth"]):
+            out = emulate_attention(q, k, v, recipe, scale=sc)[0]
+        return out if mean is None else (out.to(torch.float32) + mean).to(q.dtype)
+    return fn
+
+
+def run(shape, head_dims, dtypes, families, seeds: int, specs: List[str], progress=print) -> Dict:
+    """Errors against exact attention of every column spec on every (family, dtype, D) cell, mean over seeds."""
+    b, h, s = shape
+    fns = {spec: variant_fn(spec) for spec in specs}
+    cells = []
+    for dt in dtypes:
+        for d in head_dims:
+            for fam in families:
+                errs = {spec: [] for spec in specs}
+                t0 = time.perf_counter()
+                for seed in range(seeds):
+                    q, k, v = FAMILIES[fam](b, h, s, d, DTYPES[dt], "cpu", seed)
+                    sc = 1.0 / math.sqrt(d)
+                    ref = exact_attention(q, k, v, scale=sc)[0]
+                    for spec, fn in fns.items():
+                        out = fn(q, k, v, sc)
+                        if not torch.isfinite(out).all():
+                            raise RuntimeError(f"{spec} gave a non-finite output on {fam} {dt} D={d} seed {seed}")
+                        errs[spec].append(relative_error(out, ref))
+                cell = {"family": fam, "dtype": dt, "head_dim": d,
+                        "err": {spec: sum(e) / len(e) for spec, e in errs.items()}}
+                cells.append(cell)
+                progress(f"{fam} {dt} D={d} ({time.perf_counter() - t0:.0f} s): " +
+                         ", ".join(f"{spec} {v:.4f}" for spec, v in cell["err"].items()))
+    return {"shape": list(shape), "head_dims": list(head_dims), "dtypes": list(dtypes), "families": list(families),
+            "seeds": seeds, "columns": specs, "cells": cells, "bars": bars(cells, specs)}
+
+
+def bars(cells: List[Dict], specs: List[str], against: str = SAGE) -> Dict:
+    """Issue 51's bars per column against ``against``: gaussian ratio (max over its cells), geomean over all cells,
+    worst cell."""
+    if against not in specs:
+        return {}
+    out = {}
+    for spec in specs:
+        if spec == against:
+            continue
+        ratios = [(c["err"][spec] / c["err"][against], c) for c in cells]
+        gauss = [r for r, c in ratios if c["family"] == "gaussian"]
+        worst_r, worst_c = max(ratios, key=lambda rc: rc[0])
+        out[spec] = {"gaussian_max": max(gauss) if gauss else None, "geomean": geomean([r for r, _ in ratios]),
+                     "worst": worst_r, "worst_cell": f"{worst_c['family']} {worst_c['dtype']} D={worst_c['head_dim']}",
+                     "pass": bool(gauss) and max(gauss) <= 1.10 and geomean([r for r, _ in ratios]) <= 1.0
+                     and worst_r <= 1.3}
+    return out
+
+
+def main(argv=None) -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--shape", default="1,2,2048")
+    ap.add_argument("--head-dims", default="64,128")
+    ap.add_argument("--dtypes", default="float16,bfloat16")
+    ap.add_argument("--families", default=",".join(FAMILIES))
+    ap.add_argument("--seeds", type=int, default=1)
+    ap.add_argument("--variants", required=True, help=f"comma-separated column specs separated by ';' "
+                    f"(recipe[:extra,...] or {SAGE})")
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args(argv)
+    specs = [v for v in args.variants.split(";") if v]
+    out = run(tuple(int(x) for x in args.shape.split(",")), [int(x) for x in args.head_dims.split(",")],
+              args.dtypes.split(","), args.families.split(","), args.seeds, specs)
+    out["command"] = "python -m fsattn_diffusers.measure.int8_fp8_sweep " + " ".join(
+        f"'{a}'" if ";" in a else a for a in (argv or __import__("sys").argv[1:]))
+    print(json.dumps(out["bars"], indent=1))
+    if args.json:
+        with open(args.json, "w") as fh:
+            json.dump(out, fh, indent=1)
+
+
+if __name__ == "__main__":
+    main()
