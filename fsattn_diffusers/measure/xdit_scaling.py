@@ -268,7 +268,10 @@ def _measure_all(xf, rank: int, world: int, tmp: str, opts: dict, cuda: bool, de
 
     def one(policy: str, state):
         with xdit_policy(policy, backend, state):
-            return scaling.measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True, timing=timing)
+            r, out = scaling.measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True, timing=timing)
+        if policy in BACKEND_SLOTS:  # xDiT's own slot ran it, not the diffusers backend of the policy's name
+            r["attention_backend"] = f"xdit:{BACKEND_SLOTS[policy]}"
+        return r, out
 
     def refusal(policy: str, state) -> str:
         return slot_refusal(state, policy) if policy_kind(policy) is PolicyKind.ATTENTION_BACKEND else ""
