@@ -59,7 +59,8 @@ def test_every_setting_and_policy_is_measured(report):
                 assert row["gpus"] == 2 and math.isfinite(row["scaling"]) and row["scaling"] > 0, (setting, p)
     assert "xDiT" in md and f"| 2 | ring | {PROJECTED} |" in md and "| 1 | - | bf16 |" in md
     assert "sage = xDiT's `SAGE` slot" in md and "| 2 | ring | sage |" in md
-    assert all(r["sageattention"]["kind"] == "SageAttention 2" for r in doc["runs"] if r["policy"] == "sage")
+    assert all(r["sageattention"]["kind"] == "SageAttention 2" and r["attention_backend"] == "xdit:SAGE"
+               for r in doc["runs"] if r["policy"] == "sage")
 
 
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])

@@ -17,7 +17,9 @@ Policies (:mod:`.scaling_policies`): ``bf16`` is stock diffusers attention on cu
 backend, as :func:`fsattn_diffusers.measure.e2e.run_policy`; N GPUs: diffusers' ``_native_cudnn`` backend, which gives
 the ring its LSE). ``sage`` is stock attention on diffusers' ``sage`` backend (SageAttention 2) on every attention
 module, set by ``set_attention_backend`` as a diffusers user sets it; under context parallelism diffusers runs it
-through its ring / Ulysses templates (the ring merges SageAttention's LSE); a backend diffusers does not register for
+through its ring / Ulysses templates (diffusers 0.42 registers ``sage`` for context parallelism; the ring merges
+SageAttention's ``return_lse`` LSE; huggingface/diffusers#13506, open, reports wrong ring outputs from SageAttention's
+CUDA kernels on the ring's K/V views, which this run's output match checks); a backend diffusers does not register for
 context parallelism is recorded as not supported instead of run. Every other fixed policy or recipe name runs
 :class:`~fsattn_diffusers.integration.WanFSAttnProcessor` on the self-attention. A step-scheduled policy (``hybrid``,
 ``hybrid-int8-mxfp8``) is not timed as such: its recipes are, and it is projected over its 20-step plan
