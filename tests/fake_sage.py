@@ -5,7 +5,9 @@ first on ``sys.path`` and imports it, so that ``sageattention.__file__``, ``impo
 module behave as with the real packages:
 
 * ``kind="2"``: SageAttention 2 as ``build_sm90.sh`` builds it: ``sageattn`` and ``sageattn_qk_int8_pv_fp8_cuda_sm90``
-  (the one ``sageattn`` calls here), the kernel module ``sageattention/_qattn_sm90.py``;
+  (the one ``sageattn`` calls here; with ``return_lse`` also the natural-log LSE (B, H, S_q) in FP32, whatever the
+  layout), the other entries diffusers imports (so that a fresh process's ``import diffusers`` accepts its ``sage``
+  backend, as with the real build), the kernel module ``sageattention/_qattn_sm90.py``;
 * ``kind="1"``: SageAttention 1.0.6 (PyPI, Triton): ``sageattn`` only, no ``return_lse``.
 
 ``sageattn`` computes exact attention in FP32 (output in the input dtype) and appends its arguments to the package's
@@ -25,7 +27,7 @@ CALLS = []
 KIND = {kind!r}
 
 
-def _attend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, **kwargs):
+def _attend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, with_lse=False, **kwargs):
     assert not is_causal and tensor_layout in ("HND", "NHD")
     CALLS.append(dict(q=q, k=k, v=v, tensor_layout=tensor_layout, sm_scale=sm_scale, **kwargs))
     if tensor_layout == "NHD":
@@ -33,7 +35,8 @@ def _attend(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, **kwar
     scale = sm_scale if sm_scale is not None else q.shape[-1] ** -0.5
     s = torch.einsum("bhqd,bhkd->bhqk", q.float(), k.float()) * scale
     out = torch.einsum("bhqk,bhkd->bhqd", torch.softmax(s, dim=-1), v.float()).to(q.dtype)
-    return out.transpose(1, 2) if tensor_layout == "NHD" else out
+    out = out.transpose(1, 2) if tensor_layout == "NHD" else out
+    return (out, torch.logsumexp(s, dim=-1)) if with_lse else out
 '''
 
 _SAGE2 = '''
@@ -42,12 +45,19 @@ from . import _qattn_sm90  # noqa: F401  (the CUDA extension of the real build)
 
 def sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None,
                                       return_lse=False, **kwargs):
-    out = _attend(q, k, v, tensor_layout, is_causal, sm_scale, entry="sm90", **kwargs)
-    return (out, None) if return_lse else out
+    return _attend(q, k, v, tensor_layout, is_causal, sm_scale, with_lse=return_lse, entry="sm90", **kwargs)
 
 
 def sageattn(q, k, v, tensor_layout="HND", is_causal=False, sm_scale=None, return_lse=False, **kwargs):
     return sageattn_qk_int8_pv_fp8_cuda_sm90(q, k, v, tensor_layout, is_causal, sm_scale, return_lse)
+
+
+def _other_entry(*args, **kwargs):
+    raise NotImplementedError("the stand-in runs sageattn / sageattn_qk_int8_pv_fp8_cuda_sm90 only")
+
+
+sageattn_qk_int8_pv_fp8_cuda = sageattn_qk_int8_pv_fp16_cuda = sageattn_qk_int8_pv_fp16_triton = _other_entry
+sageattn_varlen = _other_entry
 '''
 
 _SAGE1 = '''

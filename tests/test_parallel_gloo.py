@@ -6,7 +6,11 @@ torch's ``_templated_ring_attention`` (the ring of xDiT's USP) with the xDiT ker
 attention: ``|err_sharded - err_single| <= 0.15 * err_single + 1e-5`` (the floor covers fp32 rounding of
 the merge for the ``exact`` recipe). Sharding changes numerics legitimately: each K/V shard has its own
 frozen maximum and per-tensor FP8 V scale (ring), and under Ulysses the per-tensor V scale covers the
-local heads only; the MX blocks are unchanged.
+local heads only; the MX blocks are unchanged. The INT8 tiers (``int8-bf16``, and with the exact exponential)
+merge their LSE under the ring like the MX recipes: each K/V shard has its own key mean (K smoothing) and INT8 K
+scales, so the ring's error differs slightly from one process's; Ulysses keeps every head's whole sequence on one
+rank and is bit-identical. The Hopper hybrid (``hybrid-int8-mxfp8``, int8-bf16 at the first step) runs whole in the
+tiny Wan transformer under ring and Ulysses.
 """
 
 import pytest
@@ -14,9 +18,9 @@ import torch
 
 from fsattn_diffusers.measure import parallel_check as check
 
-RECIPES = ["exact", "bf16-emulated", "mxfp8", "mxfp6", "mxfp4"]
+RECIPES = ["exact", "bf16-emulated", "mxfp8", "mxfp6", "mxfp4", "int8-bf16", "int8-bf16+exponential=exact"]
 #: Tiny Wan transformer with fsattn processors under diffusers' context parallelism.
-WAN_POLICIES = ["exact", "mxfp8"]
+WAN_POLICIES = ["exact", "mxfp8", "hybrid-int8-mxfp8"]
 WORLD = 2
 
 
@@ -50,7 +54,7 @@ def test_wan_transformer_under_context_parallelism_equals_one_process(sharded, p
 def test_numerics_that_sharding_does_not_touch_are_bit_identical(sharded):
     """Ulysses keeps every query row's keys on one rank: without per-tensor scales it is exact."""
     q, k, v = check.make_inputs()
-    for recipe in ("exact", "bf16-emulated", "mxfp6", "mxfp4"):
+    for recipe in ("exact", "bf16-emulated", "mxfp6", "mxfp4", "int8-bf16", "int8-bf16+exponential=exact"):
         single = check.attention(q, k, v, recipe)
         assert torch.equal(sharded[recipe]["ulysses"], single), recipe
 

@@ -5,7 +5,9 @@ Runs ``python -m fsattn_diffusers.measure.xdit_scaling --tiny --device cpu --wor
 data-parallel 2, then Ulysses 2, then ring 2, yunchang's groups), its ``USP`` (all-to-all / torch's templated
 ring attention) and runtime state, with fsattn installed in the ``SDPA_FLASH`` slot by
 ``fsattn_diffusers.xdit.install``. CPU stand-ins only where xfuser needs a CUDA device (see the module's
-docstring): the ``CUDNN`` slot runs torch's CPU flash attention. Skipped when xfuser is not installed.
+docstring): the ``CUDNN`` slot runs torch's CPU flash attention. ``sage`` runs xDiT's own ``SAGE`` slot
+(``sageattn`` with its LSE; under the ring torch's templated ring merges it) on the CPU stand-in ``fake_sage``, a
+package the spawned processes import when xfuser checks for SageAttention. Skipped when xfuser is not installed.
 """
 
 import importlib.util
@@ -14,12 +16,15 @@ import math
 
 import pytest
 
+import fake_sage
 from fsattn_diffusers.measure import cp_scaling as scaling
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("xfuser", "yunchang", "distvae")),
                                 reason="needs xfuser 0.7, yunchang and distvae (pip install xfuser)")
 
-POLICIES = ["bf16", "mxfp8", "mxfp6", "mxfp4"]
+#: What the default --policies measure (hybrid-int8-mxfp8: int8-bf16 and mxfp8, projected).
+POLICIES = ["bf16", "mxfp8", "int8-bf16", "int8-bf16+exponential=exact", "sage"]
+PROJECTED = "hybrid-int8-mxfp8 (projected)"
 
 
 @pytest.fixture(scope="module")
@@ -28,8 +33,10 @@ def report(tmp_path_factory):
 
     out = tmp_path_factory.mktemp("xdit_scaling")
     js, md = out / "xdit.json", out / "xdit.md"
-    assert xdit_scaling.main(["--tiny", "--device", "cpu", "--world", "2", "--backend", "emulator",
-                              "--policies", "bf16,mxfp8,hybrid", "--json", str(js), "--md", str(md)]) == 0
+    with pytest.MonkeyPatch.context() as mp:
+        fake_sage.accept_in_diffusers(mp, fake_sage.install(mp, out / "sage", kind="2"))
+        assert xdit_scaling.main(["--tiny", "--device", "cpu", "--world", "2", "--backend", "emulator",
+                                  "--json", str(js), "--md", str(md)]) == 0
     return json.loads(js.read_text()), md.read_text()
 
 
@@ -45,12 +52,15 @@ def test_every_setting_and_policy_is_measured(report):
         assert math.isfinite(r["attention_share"]) and 0 < r["attention_share"] < 1, r
     for setting in ("1gpu", "ulysses", "ring"):
         table = doc["summary"][setting]
-        assert set(table) == set(POLICIES) | {"hybrid (projected)"} and table["bf16"]["speedup"] == 1.0
+        assert set(table) == set(POLICIES) | {PROJECTED} and table["bf16"]["speedup"] == 1.0
         for p, row in table.items():
             assert math.isfinite(row["step_s"]) and math.isfinite(row["speedup"]), (setting, p)
             if setting != "1gpu":
                 assert row["gpus"] == 2 and math.isfinite(row["scaling"]) and row["scaling"] > 0, (setting, p)
-    assert "xDiT" in md and "| 2 | ring | hybrid (projected) |" in md and "| 1 | - | bf16 |" in md
+    assert "xDiT" in md and f"| 2 | ring | {PROJECTED} |" in md and "| 1 | - | bf16 |" in md
+    assert "sage = xDiT's `SAGE` slot" in md and "| 2 | ring | sage |" in md
+    assert all(r["sageattention"]["kind"] == "SageAttention 2" and r["attention_backend"] == "xdit:SAGE"
+               for r in doc["runs"] if r["policy"] == "sage")
 
 
 @pytest.mark.parametrize("mode", ["ulysses", "ring"])
@@ -64,7 +74,7 @@ def test_two_process_output_matches_one_process(report, mode):
     assert rows["bf16"]["rel_err_vs_1gpu"] <= scaling.BF16_TOLERANCE
     if mode == "ulysses":  # all-to-all moves whole heads: same kernel calls, same numbers
         assert rows["bf16"]["rel_err_vs_1gpu"] == 0.0
-    for p in ("mxfp8", "mxfp6", "mxfp4"):  # the quantized kernel ran (differs from stock bf16)
+    for p in POLICIES[1:]:  # the quantized kernel (or SageAttention) ran: differs from stock bf16
         assert rows[p]["e_sharded"] > 0 and rows[p]["cos_vs_1gpu"] > 0.999
 
 

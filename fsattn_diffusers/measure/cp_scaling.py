@@ -13,11 +13,17 @@ One run (``--world`` processes, NCCL on CUDA, gloo on CPU):
    the same one forward (output gathered by Wan's ``_cp_plan``) and timed steps run, then the wiring is
    removed again (one model copy per GPU throughout).
 
-``bf16`` is stock diffusers attention on cuDNN SDPA (1 GPU: torch SDPA's cuDNN backend, as
-:func:`fsattn_diffusers.measure.e2e.run_policy`; N GPUs: diffusers' ``_native_cudnn`` backend, which gives the ring
-its LSE). The quantized policies run :class:`~fsattn_diffusers.integration.WanFSAttnProcessor` on the
-self-attention. ``hybrid`` (MXFP6 on the first and last 3 of 20 steps, MXFP4 between) is not timed as
-such: mxfp6 and mxfp4 are, and hybrid is the 20-step projection of :func:`fsattn_diffusers.measure.e2e.summarize`.
+Policies (:mod:`.scaling_policies`): ``bf16`` is stock diffusers attention on cuDNN SDPA (1 GPU: torch SDPA's cuDNN
+backend, as :func:`fsattn_diffusers.measure.e2e.run_policy`; N GPUs: diffusers' ``_native_cudnn`` backend, which gives
+the ring its LSE). ``sage`` is stock attention on diffusers' ``sage`` backend (SageAttention 2) on every attention
+module, set by ``set_attention_backend`` as a diffusers user sets it; under context parallelism diffusers runs it
+through its ring / Ulysses templates (diffusers 0.42 registers ``sage`` for context parallelism; the ring merges
+SageAttention's ``return_lse`` LSE; huggingface/diffusers#13506, open, reports wrong ring outputs from SageAttention's
+CUDA kernels on the ring's K/V views, which this run's output match checks); a backend diffusers does not register for
+context parallelism is recorded as not supported instead of run. Every other fixed policy or recipe name runs
+:class:`~fsattn_diffusers.integration.WanFSAttnProcessor` on the self-attention. A step-scheduled policy (``hybrid``,
+``hybrid-int8-mxfp8``) is not timed as such: its recipes are, and it is projected over its 20-step plan
+(:func:`fsattn_diffusers.measure.e2e.summarize`'s ``projections``).
 
 Output match of one transformer call, N GPUs against 1 GPU (relative L2 error and cosine over the whole
 output). Rule (:func:`match`): ``bf16``: rel. error vs the 1-GPU bf16 output <= 1e-2; quantized policy P:
@@ -51,28 +57,19 @@ from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, 
                                 run_meta, to_markdown)
 from .parallel_check import RELATIVE_TOLERANCE, gloo_loopback, _parallel_config, _wire_context_parallel
 from .provenance import policy_record
+from .scaling_policies import (PolicyKind, attention_backend, context_parallel_refusal, expand_policies, policy_kind,
+                               processor_policy)
 
 #: Every process keeps NVLink multicast (NVLS / symmetric-memory multicast) off.
 NVLS_ENV = {"NCCL_NVLS_ENABLE": "0", "TORCH_SYMM_MEM_DISABLE_MULTICAST": "1", "NVSHMEM_DISABLE_NVLS": "1"}
 MODES = ("ulysses", "ring")
-POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
-DEFAULT_POLICIES = "bf16,mxfp8,hybrid"
+#: The policies of issue 54's two-GPU run: stock attention, SageAttention 2 as Wan users run it, mxfp8, the INT8
+#: tiers and the Hopper hybrid (its recipes timed, projected over 20 steps).
+DEFAULT_POLICIES = "bf16,mxfp8,int8-bf16,int8-bf16+exponential=exact,hybrid-int8-mxfp8,sage"
 #: Tiny Wan config for CPU runs (as tests/test_e2e.py): 1 layer, 2 heads of 64.
 TINY = dict(num_attention_heads=2, attention_head_dim=64, ffn_dim=64, num_layers=1, text_dim=32)
 TINY_SHAPE = dict(frames=5, height=128, width=128)  # latent 16 x 2 x 16 x 16 -> 128 tokens
 TINY_TEXT_TOKENS = 16
-
-
-def expand_policies(names: List[str]) -> List[str]:
-    """``bf16`` first (the speedup baseline), ``hybrid`` -> ``mxfp6``, ``mxfp4``; no duplicates."""
-    out = ["bf16"]
-    for name in names:
-        for p in (("mxfp6", "mxfp4") if name == "hybrid" else (name,)):
-            if p not in POLICIES:
-                raise ValueError(f"unknown policy {p!r}; accepted: {', '.join(POLICIES)}, hybrid")
-            if p not in out:
-                out.append(p)
-    return out
 
 
 def make_spec(frames: int, height: int, width: int, tiny: bool) -> e2e.ModelSpec:
@@ -87,26 +84,35 @@ def make_spec(frames: int, height: int, width: int, tiny: bool) -> e2e.ModelSpec
 
 @contextlib.contextmanager
 def policy_processors(model, spec: e2e.ModelSpec, policy: str, backend: str, stock_backend: Optional[str]):
-    """Self-attention processors of ``policy`` (``bf16``: a stock ``WanAttnProcessor`` on ``stock_backend``,
-    ``None`` = diffusers' active one); cross-attention keeps its processor. Restored on exit."""
+    """Self-attention processors of ``policy``: ``bf16``, a stock ``WanAttnProcessor`` on ``stock_backend`` (``None`` =
+    diffusers' active one); an attention-backend policy (``sage``), stock processors with ``set_attention_backend``
+    on every attention module (cross-attention included, as a diffusers user sets it); a recipe,
+    ``WanFSAttnProcessor``. Cross-attention keeps its processor. Processors and backends restored on exit."""
     from diffusers.models.transformers.transformer_wan import WanAttnProcessor
 
+    from ..integration.install import set_diffusers_backend
     from ..integration.processors import WanFSAttnProcessor
 
+    kind = policy_kind(policy)
     saved = dict(model.attn_processors)
     procs = {}
     for name, proc in saved.items():
         if not e2e._is_self_attention(name, spec):
             procs[name] = proc
-        elif policy == "bf16":
+        elif kind is PolicyKind.RECIPE:
+            procs[name] = WanFSAttnProcessor(processor_policy(policy), backend=backend, layer=name)
+        else:
             procs[name] = WanAttnProcessor()
             procs[name]._attention_backend = stock_backend
-        else:
-            procs[name] = WanFSAttnProcessor(policy, backend=backend, layer=name)
     model.set_attn_processor(procs)
+    state = None
     try:
+        if kind is PolicyKind.ATTENTION_BACKEND:
+            state = set_diffusers_backend([model], attention_backend(policy))
         yield
     finally:
+        if state is not None:
+            state.restore()
         model.set_attn_processor(saved)
 
 
@@ -173,7 +179,7 @@ def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup:
     """
     from torch.nn.attention import SDPBackend, sdpa_kernel
 
-    stock = policy == "bf16"
+    kind = policy_kind(policy)
     kernels = [SDPBackend.CUDNN_ATTENTION] if cuda else [SDPBackend.FLASH_ATTENTION]
     with torch.no_grad(), sdpa_kernel(kernels):
         e2e._sync(cuda)
@@ -185,15 +191,19 @@ def measure(model, inputs, spec: e2e.ModelSpec, policy: str, steps: int, warmup:
         timer = e2e.AttentionTimer(cuda=cuda)
         if timing is not None:
             region = timing(timer)
+        elif parallel:
+            region = _timed_cp_attention(timer)
         else:
-            region = _timed_cp_attention(timer) if parallel else e2e.timed_attention(timer, not stock)
+            region = e2e.timed_attention(timer, kind is PolicyKind.RECIPE, diffusers_backend=attention_backend(
+                policy) if kind is PolicyKind.ATTENTION_BACKEND else None)
         with region:
             secs = e2e.time_steps(model, inputs, spec, steps, cuda)
         attn = timer.seconds()
     tiles = max(1, timer.stats["tiles"])
     result = {"policy": policy, "step_seconds": secs, "step_median_s": sorted(secs)[len(secs) // 2],
               "first_forward_s": first, "attention_s_per_step": attn / steps, "attention_share": attn / sum(secs),
-              "rollback_rate": None if (stock or parallel) else timer.stats["rollback_tiles"] / tiles,
+              "rollback_rate": timer.stats["rollback_tiles"] / tiles if (kind is PolicyKind.RECIPE and not parallel)
+              else None,
               **policy_record(policy)}
     return result, out
 
@@ -330,6 +340,11 @@ def _run(rank: int, world: int, tmp: str, opts: dict, cuda: bool, device) -> Non
     for mode in modes:
         e_cp_bf16 = None
         for policy in policies:
+            why = context_parallel_refusal(policy) if policy_kind(policy) is PolicyKind.ATTENTION_BACKEND else ""
+            if why:
+                if rank == 0:
+                    record_unsupported(rec, policy, mode, world, why)
+                continue
             with policy_processors(model, spec, policy, backend, stock_backend), \
                     context_parallel(model, configs[mode]), _cpu_cudnn_stand_in(not cuda):
                 r, out = measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True)
@@ -355,6 +370,13 @@ def record_parallel_run(rec: Recorder, r: dict, out, single: dict, e_cp_bf16: Op
     return e_cp_bf16
 
 
+def record_unsupported(rec: Recorder, policy: str, mode: str, world: int, why: str) -> None:
+    """Rank 0: a policy the framework cannot run in ``mode`` (``why``, one line), recorded instead of a measurement."""
+    rec.add({"policy": policy, "setting": mode, "gpus": world, "mode": mode, "rank": 0, "unsupported": why,
+             **policy_record(policy)})
+    _log(0, f"{world} GPUs {mode:<7} {policy:<6} not run: {why}")
+
+
 def run(opts: dict, body=None) -> None:
     """Spawn ``opts['world']`` processes running ``body`` (default :func:`_run`); rank 0 writes
     ``opts['json']`` / ``opts['md']``."""
@@ -373,8 +395,9 @@ def main(argv=None, *, module: str = "fsattn_diffusers.measure.cp_scaling", body
     parser.add_argument("--device", default="cuda", choices=("cpu", "cuda"))
     parser.add_argument("--world", type=int, default=2)
     parser.add_argument("--policies", default=DEFAULT_POLICIES,
-                        help="comma-separated of bf16, mxfp8, mxfp6, mxfp4, hybrid (= mxfp6 + mxfp4, projected); "
-                             "bf16 is always run")
+                        help="comma-separated policy or recipe names (bf16, sage, mxfp8, int8-bf16, "
+                             "int8-bf16+exponential=exact, ...); a step-scheduled policy (hybrid, hybrid-int8-mxfp8) "
+                             "runs its recipes and is projected over 20 steps; bf16 is always run")
     parser.add_argument("--modes", default=",".join(MODES))
     parser.add_argument("--steps", type=int, default=1, help="timed CFG steps per (setting, policy)")
     parser.add_argument("--warmup", type=int, default=1,
@@ -390,7 +413,7 @@ def main(argv=None, *, module: str = "fsattn_diffusers.measure.cp_scaling", body
     parser.add_argument("--wrapper", default=None, help="recorded in the report (the calling script)")
     args = parser.parse_args(argv)
     try:
-        policies = expand_policies([p.strip() for p in args.policies.split(",") if p.strip()])
+        policies, projections = expand_policies([p for p in args.policies.split(",") if p.strip()])
     except ValueError as exc:
         parser.error(str(exc))
     modes = [m.strip() for m in args.modes.split(",") if m.strip()]
@@ -408,9 +431,10 @@ def main(argv=None, *, module: str = "fsattn_diffusers.measure.cp_scaling", body
     meta = dict(_versions(), date=time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), command=cmd.strip(),
                 wrapper=args.wrapper, world=args.world, backend=args.backend, steps=args.steps,
                 warmup=max(1, args.warmup), policies=policies, modes=modes, env=dict(NVLS_ENV),
-                notes=["hybrid is projected from the measured mxfp6 and mxfp4 steps of the same setting "
-                       f"({2 * e2e.HYBRID_ENDS} + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} of {e2e.PAPER_STEPS}), "
-                       "not timed with step tracking"])
+                projections=projections,
+                notes=[f"{name} is projected from the measured step times of its recipes in the same setting "
+                       f"({' + '.join(f'{plan.count(p)} {p}' for p in dict.fromkeys(plan))} of {len(plan)} steps), "
+                       "not timed with step tracking" for name, plan in projections.items()])
     meta.update(extra_meta or {})
     opts = dict(device=args.device, world=args.world, policies=policies, modes=modes, steps=args.steps,
                 warmup=max(1, args.warmup), frames=args.frames, height=args.height, width=args.width,

@@ -32,20 +32,27 @@ def run_meta(opts: dict, spec, world: int, cuda: bool) -> dict:
                       "config": {k: (list(v) if isinstance(v, tuple) else v) for k, v in spec.config.items()}})
 
 
-def summarize(runs: List[dict], world: int) -> Dict[str, Dict[str, dict]]:
+def summarize(runs: List[dict], world: int, projections: Optional[Dict[str, List[str]]] = None
+              ) -> Dict[str, Dict[str, dict]]:
     """Per setting (``1gpu``, then each mode): e2e's table (step, 20-step projection, speedup over bf16 of the
-    same setting, hybrid projection) plus ``scaling`` (1-GPU step / N-GPU step) and the match row."""
+    same setting, ``"<name> (projected)"`` for each of ``projections``, default the paper's hybrid) plus ``scaling``
+    (1-GPU step / N-GPU step) and the match row; a run recorded as ``unsupported`` keeps its reason and no numbers."""
     by: Dict[str, Dict[str, dict]] = {}
     for r in runs:
         by.setdefault(r["setting"], {})[r["policy"]] = r
     out = {}
     for setting, res in by.items():
-        if "bf16" in res:
-            table = e2e.summarize(res)
+        timed = {p: r for p, r in res.items() if not r.get("unsupported")}
+        if "bf16" in timed:
+            table = e2e.summarize(timed, projections=projections)
         else:  # partial run: no baseline yet
             table = {p: {"step_s": r["step_median_s"], "projected_s": r["step_median_s"] * e2e.PAPER_STEPS,
                          "speedup": None, "attention_share": r["attention_share"],
-                         "rollback_rate": r["rollback_rate"]} for p, r in res.items()}
+                         "rollback_rate": r["rollback_rate"]} for p, r in timed.items()}
+        for p, r in res.items():
+            if r.get("unsupported"):
+                table[p] = {"step_s": None, "projected_s": None, "speedup": None, "attention_share": None,
+                            "rollback_rate": None, "unsupported": r["unsupported"]}
         for p, row in table.items():
             row["gpus"] = 1 if setting == "1gpu" else world
             if p in res and res[p].get("match") is not None:
@@ -54,7 +61,8 @@ def summarize(runs: List[dict], world: int) -> Dict[str, Dict[str, dict]]:
     single = out.get("1gpu", {})
     for setting, table in out.items():
         for p, row in table.items():
-            row["scaling"] = (single[p]["step_s"] / row["step_s"]) if (setting != "1gpu" and p in single) else None
+            ok = setting != "1gpu" and p in single and single[p]["step_s"] and row["step_s"]
+            row["scaling"] = single[p]["step_s"] / row["step_s"] if ok else None
     return out
 
 
@@ -79,19 +87,35 @@ def to_markdown(doc: dict) -> str:
              f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
              f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median. 1-GPU runs: policies split "
              f"over the ranks, each on its own GPU without communication.",
-             "- bf16 = stock diffusers attention on cuDNN SDPA (N GPUs: `_native_cudnn` backend); others = "
+             "- bf16 = stock diffusers attention on cuDNN SDPA (N GPUs: `_native_cudnn` backend); sage = stock "
+             "attention on diffusers' `sage` backend (`set_attention_backend`, every attention module, cross-attention "
+             "included); others = "
              f"`WanFSAttnProcessor` (backend `{m['backend']}`) on self-attention; cross-attention stays bf16.",
              "- Attention share: 1 GPU as `fsattn e2e` (CUDA events around each attention kernel call); N GPUs: "
              "around diffusers' ring / Ulysses template, i.e. self-attention including its communication.",
-             "- hybrid = projection, not a timed policy: "
-             f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
-             "step times of the same setting.",
+             *projection_lines(m),
              f"- Match (one transformer call, N GPUs vs 1 GPU, relative L2 / cosine over the whole output): bf16 "
              f"passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs bf16 "
              f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
              "err(bf16, N GPUs vs 1 GPU) of the same mode).",
              f"- Status: {doc['status']}.", ""]
     return "\n".join(lines + table_lines(doc) + recipes_markdown(doc["runs"]))
+
+
+def projections_of(meta: dict) -> Dict[str, List[str]]:
+    """The step-scheduled policies of a run (name -> recipe per step); a run that predates the record: the paper's
+    hybrid (``2 * HYBRID_ENDS`` mxfp6 + the rest mxfp4 of ``PAPER_STEPS``), projected when both were measured."""
+    if meta.get("projections") is not None:
+        return meta["projections"]
+    n6 = 2 * e2e.HYBRID_ENDS
+    return {"hybrid": ["mxfp6"] * n6 + ["mxfp4"] * (e2e.PAPER_STEPS - n6)}
+
+
+def projection_lines(meta: dict) -> List[str]:
+    """One markdown bullet per projected policy of the run."""
+    return [f"- {name} (projected) = projection, not a timed policy: "
+            f"{' + '.join(f'{plan.count(p)} {p}' for p in dict.fromkeys(plan))} steps of the measured step times of "
+            "the same setting." for name, plan in projections_of(meta).items()]
 
 
 def table_lines(doc: dict) -> List[str]:
@@ -105,6 +129,8 @@ def table_lines(doc: dict) -> List[str]:
             errs = "-" if mt.get("e_sharded") is None else \
                 f"{_fmt(mt.get('e_single'), '.3e')} -> {mt['e_sharded']:.3e}"
             ok = {True: "yes", False: "**NO**", None: "-"}[mt.get("ok")]
+            if row.get("unsupported"):
+                ok = row["unsupported"]
             share = None if row["attention_share"] is None else 100 * row["attention_share"]
             lines.append(f"| {row['gpus']} | {'-' if setting == '1gpu' else setting} | {p} | "
                          f"{_fmt(row['step_s'])} | {_fmt(row['projected_s'], '.1f')} | "
@@ -130,7 +156,7 @@ class Recorder:
     def write(self, status: Optional[str] = None) -> None:
         if status:
             self.doc["status"] = status
-        self.doc["summary"] = summarize(self.doc["runs"], self.doc["meta"]["world"])
+        self.doc["summary"] = summarize(self.doc["runs"], self.doc["meta"]["world"], projections_of(self.doc["meta"]))
         if self.json_path:
             with open(self.json_path + ".tmp", "w") as fh:
                 json.dump(self.doc, fh, indent=1)

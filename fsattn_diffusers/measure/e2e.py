@@ -336,9 +336,12 @@ BASELINES = ("bf16", "fa3", "fa3-fp8", "sage")
 
 
 def summarize(results: Dict[str, dict], steps_total: int = PAPER_STEPS, ends: int = HYBRID_ENDS,
-              schedules: Optional[Dict[str, dict]] = None) -> Dict[str, dict]:
-    """Projected ``steps_total``-step latency and speedups; ``hybrid (projected)`` from the measured mxfp6/mxfp4
-    steps; each run of ``schedules`` (:func:`run_schedule`) as measured over its real schedule.
+              schedules: Optional[Dict[str, dict]] = None,
+              projections: Optional[Dict[str, List[str]]] = None) -> Dict[str, dict]:
+    """Projected ``steps_total``-step latency and speedups; ``"<name> (projected)"`` for each step-scheduled policy of
+    ``projections`` (name -> recipe per step) whose recipes were all measured, from their measured step times
+    (default: ``hybrid``, ``2 * ends`` mxfp6 + the rest mxfp4 steps, when both were measured); each run of
+    ``schedules`` (:func:`run_schedule`) as measured over its real schedule.
 
     ``speedup`` is over bf16 (stock SDPA); ``speedup_vs`` maps every baseline of :data:`BASELINES` present
     in ``results`` to the speedup over it (baseline step / this step, both from the same run)."""
@@ -349,12 +352,12 @@ def summarize(results: Dict[str, dict], steps_total: int = PAPER_STEPS, ends: in
         table[name] = {"step_s": r["step_median_s"], "projected_s": r["step_median_s"] * steps_total,
                        "speedup": base / r["step_median_s"], "attention_share": r["attention_share"],
                        "rollback_rate": r["rollback_rate"]}
-    if "mxfp6" in results and "mxfp4" in results:
+    if projections is None:
         n6 = min(2 * ends, steps_total)
-        total = n6 * results["mxfp6"]["step_median_s"] + (steps_total - n6) * results["mxfp4"]["step_median_s"]
-        table["hybrid (projected)"] = {"step_s": total / steps_total, "projected_s": total, "speedup": base * steps_total / total,
-                           "attention_share": None, "rollback_rate": None,
-                           "note": f"{n6} mxfp6 steps + {steps_total - n6} mxfp4 steps from the measured step times"}
+        projections = {"hybrid": ["mxfp6"] * n6 + ["mxfp4"] * (steps_total - n6)}
+    for name, plan in projections.items():
+        if plan and all(p in results for p in plan):
+            table[f"{name} (projected)"] = _projected(results, plan, base, steps_total)
     for name, run in (schedules or {}).items():
         table[name] = {"step_s": run["step_mean_s"], "projected_s": run["step_mean_s"] * steps_total,
                        "speedup": base / run["step_mean_s"], "attention_share": None, "rollback_rate": None,
@@ -362,6 +365,14 @@ def summarize(results: Dict[str, dict], steps_total: int = PAPER_STEPS, ends: in
     for row in table.values():
         row["speedup_vs"] = {b: results[b]["step_median_s"] / row["step_s"] for b in present}
     return table
+
+
+def _projected(results: Dict[str, dict], plan: List[str], base: float, steps_total: int) -> dict:
+    """One projected row: the plan's measured step times summed (scaled to ``steps_total`` steps)."""
+    total = sum(results[p]["step_median_s"] for p in plan) * steps_total / len(plan)
+    counts = " + ".join(f"{plan.count(p)} {p} steps" for p in dict.fromkeys(plan))
+    return {"step_s": total / steps_total, "projected_s": total, "speedup": base * steps_total / total,
+            "attention_share": None, "rollback_rate": None, "note": f"{counts} from the measured step times"}
 
 
 def flops_per_step(spec: ModelSpec) -> float:

@@ -67,7 +67,8 @@ def recipe_record(recipe, backend: str) -> Dict:
 
 
 def policy_record(policy: str, steps: int = 20) -> Dict:
-    """The two fields for a row that ran ``policy`` (a policy name of :func:`fsattn_diffusers.apply`): one recipe's
+    """The two fields for a row that ran ``policy`` (a policy name of :func:`fsattn_diffusers.apply`, or a recipe name
+    :func:`~fsattn_diffusers.recipe.get_recipe` resolves): one recipe's
     record for a fixed policy, ``{recipe name: ...}`` maps for a step schedule (over ``steps`` steps), the baseline
     record for stock attention, with ``attention_backend`` and ``sageattention`` (which SageAttention is imported) for
     a diffusers-backend policy (``sage``). The backend is the one that ran each recipe last in this process
@@ -85,7 +86,13 @@ def policy_record(policy: str, steps: int = 20) -> Dict:
 
         return {**baseline_record(), "attention_backend": f"diffusers:{DIFFUSERS_BACKEND_POLICIES[policy]}",
                 "sageattention": sage_identity()}
-    recipes = {e.name: e for e in get_policy(policy).schedule(steps) if isinstance(e, Recipe)}
+    try:
+        resolved = get_policy(policy)
+    except ValueError:  # a recipe name that is no policy name (``int8-bf16+exponential=exact``)
+        from ..recipe import get_recipe
+
+        resolved = get_policy(get_recipe(policy))
+    recipes = {e.name: e for e in resolved.schedule(steps) if isinstance(e, Recipe)}
     if not recipes:
         return baseline_record()
     fields = {name: dataclasses.asdict(r) for name, r in recipes.items()}

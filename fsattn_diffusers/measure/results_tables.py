@@ -191,25 +191,56 @@ def hybrid(root: str = ROOT) -> List[str]:
     return _table(header, rows) + _provenance([_source(name, doc)])
 
 
+#: The two-GPU runs per framework, in table order: scripts/scaling_h200x2.sh's one-call parts (one mode each, with
+#: their own 1-GPU runs) and the older both-modes file; the table shows whichever of them are committed.
+TWO_GPU_FILES = (("diffusers", ("cp_scaling_ulysses_h200x2.json", "cp_scaling_ring_h200x2.json",
+                                "cp_scaling_h200x2.json")),
+                 ("xDiT", ("xdit_scaling_ulysses_h200x2.json", "xdit_scaling_ring_h200x2.json",
+                           "xdit_scaling_h200x2.json")))
+SETTING_NAMES = {"1gpu": "1 GPU", "ulysses": "Ulysses=2", "ring": "Ring=2"}
+
+
+def _two_gpu_cell(row: Dict, one_gpu: bool) -> str:
+    """``s/step (speedup vs bf16[, scaling 1 -> 2 GPUs])``, or why the policy did not run."""
+    if row.get("unsupported"):
+        return row["unsupported"]
+    extra = "" if one_gpu or row.get("scaling") is None else f", {row['scaling']:.2f}x"
+    speedup = "-" if row.get("speedup") is None else f"{row['speedup']:.2f}x"
+    return f"{row['step_s']:.2f} ({speedup}{extra})"
+
+
 def two_gpus(root: str = ROOT) -> List[str]:
+    """One row per framework and setting of every committed two-GPU run (:data:`TWO_GPU_FILES`), one column per policy
+    (the runs' summaries recomputed from their ``runs`` by :func:`fsattn_diffusers.measure.cp_scaling_report.summarize`,
+    projections included), and whether every quantized policy's 2-GPU output is within the rule of its 1-GPU output."""
+    from .cp_scaling_report import projections_of, summarize
+
+    docs = []
+    for label, names in TWO_GPU_FILES:
+        for name in names:
+            if os.path.exists(os.path.join(root, RESULTS, name)):
+                doc = load(name, root)
+                docs.append((label, name, doc, summarize(doc["runs"], doc["meta"]["world"],
+                                                         projections_of(doc["meta"]))))
+    policies: List[str] = []
+    for _, _, _, summary in docs:
+        for table in summary.values():
+            policies += [p for p in table if p not in policies]
+    policies.sort(key=lambda p: p != "bf16")  # bf16 first, then the runs' order
     rows, sources = [], []
-    for label, name in (("diffusers", "cp_scaling_h200x2.json"), ("xDiT", "xdit_scaling_h200x2.json")):
-        doc = load(name, root)
+    for label, name, doc, summary in docs:
         sources.append(_source(name, doc))
-        for setting, text in (("1gpu", "1 GPU"), ("ulysses", "Ulysses=2"), ("ring", "Ring=2")):
-            s = doc["summary"].get(setting)
-            if not s:
-                continue
-            scaling = "-" if s["bf16"].get("scaling") is None else \
-                f"{s['bf16']['scaling']:.2f}x / {s['mxfp8']['scaling']:.2f}x"
-            ok = "-" if setting == "1gpu" else ("yes" if all((s[p].get("match") or {}).get("ok")
-                                                             for p in s if p not in ("bf16", "hybrid")) else "no")
-            rows.append([label, text, f"{s['bf16']['step_s']:.2f}",
-                         f"{s['mxfp8']['step_s']:.2f} ({s['mxfp8']['speedup']:.2f}x)",
-                         f"{s['hybrid']['speedup']:.2f}x" if "hybrid" in s else "-", scaling, ok])
-    header = ["framework", "setting", "bf16 s/step", "mxfp8 s/step (speedup)", "hybrid (projected)",
-              "scaling bf16 / mxfp8", "quantized outputs match 1 GPU"]
-    return _table(header, rows) + _provenance(sources)
+        for setting, table in summary.items():
+            one_gpu = setting == "1gpu"
+            failed = [p for p, r in table.items() if p != "bf16" and (r.get("match") or {}).get("ok") is False]
+            ok = "-" if one_gpu else ("yes" if not failed else "no: " + ", ".join(failed))
+            rows.append([label, SETTING_NAMES.get(setting, setting)]
+                        + [_two_gpu_cell(table[p], one_gpu) if p in table else "-" for p in policies] + [ok])
+    header = ["framework", "setting"] + policies + ["quantized outputs match 1 GPU"]
+    legend = ["", "Cells: s/step (speedup over bf16 in the same setting; 2 GPUs: then scaling over the same policy on "
+              "1 GPU of the same run). \"(projected)\": the step-scheduled policy projected over its 20-step plan from "
+              "its recipes' step times."]
+    return _table(header, rows) + legend + _provenance(sources)
 
 
 #: README marker name -> renderer.

@@ -18,9 +18,11 @@ helpers run here too), with xDiT doing the sequence parallelism and fsattn as xD
   communication; the policies are split over the ranks); **N GPUs** = ``ulysses_degree=world`` or
   ``ring_degree=world``.
 * ``bf16`` = stock xDiT attention in its ``CUDNN`` slot (xDiT's own default on an H200 without
-  flash-attn) for self- and cross-attention. Quantized policies: :func:`fsattn_diffusers.xdit.install`
-  puts fsattn into the ``SDPA_FLASH`` slot and points xDiT's attention backend at it; cross-attention
-  stays on ``CUDNN``.
+  flash-attn) for self- and cross-attention. ``sage`` = xDiT's own ``SAGE`` slot (``sageattn`` with its LSE, which
+  the ring merges) for self- and cross-attention, as ``--attention_backend SAGE`` selects it; a slot xDiT refuses in
+  a setting (its runtime check) is recorded as not supported instead of run. fsattn recipes:
+  :func:`fsattn_diffusers.xdit.install` puts fsattn into the ``SDPA_FLASH`` slot and points xDiT's attention
+  backend at it; cross-attention stays on ``CUDNN``.
 * Attention share: CUDA events around every self-attention ``USP`` call (N GPUs: the Ulysses
   all-to-alls or the ring exchange included; 1 GPU: the kernel).
 
@@ -48,13 +50,17 @@ import torch
 from . import e2e
 from . import cp_scaling as scaling
 from .cp_scaling import _barrier, _check_identical
-from .cp_scaling_report import ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _log, run_meta, table_lines
+from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _log, projection_lines,
+                                run_meta, table_lines)
 from .parallel_check import RELATIVE_TOLERANCE
+from .scaling_policies import PolicyKind, policy_kind, processor_policy
 
 #: xDiT slot of the stock bf16 kernel (self- and cross-attention).
 STOCK_SLOT = "CUDNN"
 #: xDiT slot fsattn occupies for the quantized policies.
 FSATTN_SLOT = "SDPA_FLASH"
+#: Attention-backend policy -> xDiT's own slot for it (self- and cross-attention).
+BACKEND_SLOTS = {"sage": "SAGE"}
 
 
 # ------------------------------------------------------------------------------------------------- xfuser
@@ -128,15 +134,38 @@ def xdit_setting(xf, model, setting: str, world: int, cuda: bool, name: str):
         xf.runtime_state._RUNTIME = None
 
 
+def slot_refusal(state, policy: str) -> str:
+    """Why xDiT refuses the slot of an attention-backend policy in the current setting (one line), or ``""``."""
+    enum = type(state.attention_backend)
+    try:
+        state._check_if_backend_compatible_with_current_configuration(enum[BACKEND_SLOTS[policy]])
+    except (RuntimeError, ValueError) as exc:
+        return f"not supported by xDiT's {BACKEND_SLOTS[policy]} backend: {str(exc).splitlines()[0]}"
+    return ""
+
+
 @contextlib.contextmanager
-def xdit_policy(policy: str, backend: str):
-    """``bf16``: xDiT's stock slots as configured; otherwise fsattn installed in :data:`FSATTN_SLOT`."""
-    if policy == "bf16":
+def xdit_policy(policy: str, backend: str, state=None):
+    """``bf16``: xDiT's stock slots as configured; an attention-backend policy (``sage``): its slot of
+    :data:`BACKEND_SLOTS` for self- and cross-attention on ``state`` (xDiT's runtime state), the stock slots restored
+    on exit; otherwise fsattn installed in :data:`FSATTN_SLOT`."""
+    kind = policy_kind(policy)
+    if kind is PolicyKind.STOCK:
         yield None
+        return
+    if kind is PolicyKind.ATTENTION_BACKEND:
+        saved = state.attention_backend, state.cross_attention_backend
+        state.set_attention_backend(BACKEND_SLOTS[policy])
+        state.set_cross_attention_backend(BACKEND_SLOTS[policy])
+        try:
+            yield None
+        finally:
+            state.set_attention_backend(saved[0])
+            state.set_cross_attention_backend(saved[1])
         return
     from ..xdit import install
 
-    handle = install(policy, slot=FSATTN_SLOT, cross_slot=STOCK_SLOT, backend=backend, record=False)
+    handle = install(processor_policy(policy), slot=FSATTN_SLOT, cross_slot=STOCK_SLOT, backend=backend, record=False)
     try:
         state = handle.runtime_state
         assert state.attention_backend.name == FSATTN_SLOT and state.get_cross_attention_backend().name == STOCK_SLOT
@@ -189,14 +218,13 @@ def to_markdown(doc: dict) -> str:
              "`USP`.",
              f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
              f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median.",
-             f"- bf16 = stock xDiT attention, slot `{STOCK_SLOT}` (cuDNN SDPA), self- and cross-attention; others = "
+             f"- bf16 = stock xDiT attention, slot `{STOCK_SLOT}` (cuDNN SDPA), self- and cross-attention; sage = "
+             f"xDiT's `{BACKEND_SLOTS['sage']}` slot (`sageattn`), self- and cross-attention; others = "
              f"fsattn (backend `{m['backend']}`) in xDiT's `{FSATTN_SLOT}` slot via `fsattn_diffusers.xdit.install` "
              f"for self-attention, cross-attention stays on `{STOCK_SLOT}`.",
              "- Attention share: CUDA events around every self-attention `USP` call (N GPUs: including the "
              "Ulysses all-to-alls / ring exchange).",
-             "- hybrid = projection, not a timed policy: "
-             f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
-             "step times of the same setting.",
+             *projection_lines(m),
              f"- Match (one transformer call, N GPUs vs 1 GPU, both under xDiT; relative L2 / cosine over the whole "
              f"output): bf16 passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N "
              f"GPUs vs bf16 1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + "
@@ -238,14 +266,20 @@ def _measure_all(xf, rank: int, world: int, tmp: str, opts: dict, cuda: bool, de
         rec = Recorder(run_meta(opts, spec, world, cuda), opts["json"], opts["md"], render=to_markdown)
         rec.write()
 
-    def one(policy: str, setting: str):
-        with xdit_policy(policy, backend):
-            return scaling.measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True, timing=timing)
+    def one(policy: str, state):
+        with xdit_policy(policy, backend, state):
+            r, out = scaling.measure(model, inputs, spec, policy, steps, warmup, cuda, parallel=True, timing=timing)
+        if policy in BACKEND_SLOTS:  # xDiT's own slot ran it, not the diffusers backend of the policy's name
+            r["attention_backend"] = f"xdit:{BACKEND_SLOTS[policy]}"
+        return r, out
+
+    def refusal(policy: str, state) -> str:
+        return slot_refusal(state, policy) if policy_kind(policy) is PolicyKind.ATTENTION_BACKEND else ""
 
     # 1 GPU: data parallel over the ranks, policies split, no communication.
-    with xdit_setting(xf, model, "1gpu", world, cuda, spec.name):
+    with xdit_setting(xf, model, "1gpu", world, cuda, spec.name) as state:
         for policy in policies[rank::world]:
-            r, out = one(policy, "1gpu")
+            r, out = one(policy, state)
             scaling.save_single(rank, tmp, policy, r, out)
         _barrier(cuda, rank)
     single = scaling.gather_single(rank, tmp, policies, rec)
@@ -253,9 +287,14 @@ def _measure_all(xf, rank: int, world: int, tmp: str, opts: dict, cuda: bool, de
     # N GPUs: xDiT Ulysses, then ring.
     for mode in modes:
         e_cp_bf16 = None
-        with xdit_setting(xf, model, mode, world, cuda, spec.name):
+        with xdit_setting(xf, model, mode, world, cuda, spec.name) as state:
             for policy in policies:
-                r, out = one(policy, mode)
+                why = refusal(policy, state)
+                if why:
+                    if rank == 0:
+                        scaling.record_unsupported(rec, policy, mode, world, why)
+                    continue
+                r, out = one(policy, state)
                 if rank == 0:
                     e_cp_bf16 = scaling.record_parallel_run(rec, r, out, single, e_cp_bf16, policy, mode, world)
     if rank == 0:
