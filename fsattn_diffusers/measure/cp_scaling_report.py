@@ -64,18 +64,9 @@ def _fmt(x, spec=".2f", suffix=""):
 
 def to_markdown(doc: dict) -> str:
     m = doc["meta"]
-    w = m["world"]
-    lines = [f"# Wan2.2-A14B-size transformer on {w} GPUs: diffusers context parallelism (Ulysses / ring), "
-             f"fsattn policies", "",
-             f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
-             f"diffusers {m['diffusers']}, python {m['python']}; {m['date']}; commit {m['commit']}.",
-             f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
-             f"- Model: {m['spec']['name']} config, {m['spec']['config']['num_layers']} layers, "
-             f"{m['spec']['config']['num_attention_heads']} heads x {m['spec']['config']['attention_head_dim']}, "
-             f"BF16, random N(0, 0.02) weights (same seed on every rank, checksum verified: "
-             f"{m.get('weights_identical')}); latent {tuple(m['spec']['latent'])} -> {m['spec']['tokens']} "
-             f"self-attention tokens, {m['spec']['text_tokens']} text tokens; a step = "
-             f"{m['spec']['calls_per_step']} forwards (CFG).",
+    lines = header_lines(m, "diffusers context parallelism (Ulysses / ring), fsattn policies",
+                         f"diffusers {m['diffusers']}") + [
+             model_line(m, "", "forwards (CFG)"),
              f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
              f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median. 1-GPU runs: policies split "
              f"over the ranks, each on its own GPU without communication.",
@@ -83,15 +74,39 @@ def to_markdown(doc: dict) -> str:
              f"`WanFSAttnProcessor` (backend `{m['backend']}`) on self-attention; cross-attention stays bf16.",
              "- Attention share: 1 GPU as `fsattn e2e` (CUDA events around each attention kernel call); N GPUs: "
              "around diffusers' ring / Ulysses template, i.e. self-attention including its communication.",
-             "- hybrid = projection, not a timed policy: "
-             f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
-             "step times of the same setting.",
-             f"- Match (one transformer call, N GPUs vs 1 GPU, relative L2 / cosine over the whole output): bf16 "
-             f"passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs bf16 "
-             f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
-             "err(bf16, N GPUs vs 1 GPU) of the same mode).",
-             f"- Status: {doc['status']}.", ""]
+             ] + hybrid_and_match_lines("", doc["status"])
     return "\n".join(lines + table_lines(doc) + recipes_markdown(doc["runs"]))
+
+
+def header_lines(m: dict, title: str, versions: str) -> List[str]:
+    """A scaling report's title, devices and command lines (``versions``: the libraries' beyond torch and triton)."""
+    return [f"# Wan2.2-A14B-size transformer on {m['world']} GPUs: {title}", "",
+            f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, {versions}, "
+            f"python {m['python']}; {m['date']}; commit {m['commit']}.",
+            f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + "."]
+
+
+def model_line(m: dict, model: str, forwards: str) -> str:
+    """A scaling report's line on the model (``model``: what runs the config, ending in a space, or empty) and what
+    a step is (``forwards``: after the number of forwards)."""
+    spec, cfg = m["spec"], m["spec"]["config"]
+    return (f"- Model: {model}{spec['name']} config, {cfg['num_layers']} layers, {cfg['num_attention_heads']} heads x "
+            f"{cfg['attention_head_dim']}, BF16, random N(0, 0.02) weights (same seed on every rank, checksum "
+            f"verified: {m.get('weights_identical')}); latent {tuple(spec['latent'])} -> {spec['tokens']} "
+            f"self-attention tokens, {spec['text_tokens']} text tokens; a step = {spec['calls_per_step']} {forwards}.")
+
+
+def hybrid_and_match_lines(scope: str, status: str) -> List[str]:
+    """A scaling report's lines on the projected hybrid, the match rule (``scope``: how both sides ran, ending in
+    ``"; "``, or empty) and the status, ending in an empty line."""
+    return ["- hybrid = projection, not a timed policy: "
+            f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
+            "step times of the same setting.",
+            f"- Match (one transformer call, N GPUs vs 1 GPU, {scope}relative L2 / cosine over the whole output): "
+            f"bf16 passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs "
+            f"bf16 1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
+            "err(bf16, N GPUs vs 1 GPU) of the same mode).",
+            f"- Status: {status}.", ""]
 
 
 def table_lines(doc: dict) -> List[str]:

@@ -48,8 +48,8 @@ import torch
 from . import e2e
 from . import cp_scaling as scaling
 from .cp_scaling import _barrier, _check_identical
-from .cp_scaling_report import ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _log, run_meta, table_lines
-from .parallel_check import RELATIVE_TOLERANCE
+from .cp_scaling_report import (MATCH_TIMESTEP, Recorder, _log, header_lines, hybrid_and_match_lines, model_line,
+                                run_meta, table_lines)
 
 #: xDiT slot of the stock bf16 kernel (self- and cross-attention).
 STOCK_SLOT = "CUDNN"
@@ -170,18 +170,10 @@ def self_attention_timing(model, xf):
 def to_markdown(doc: dict) -> str:
     m = doc["meta"]
     w = m["world"]
-    lines = [f"# Wan2.2-A14B-size transformer on {w} GPUs: xDiT (xfuser) Ulysses / ring, fsattn as xDiT's "
-             f"attention kernel", "",
-             f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
-             f"diffusers {m['diffusers']}, xfuser {m.get('xfuser')}, yunchang {m.get('yunchang')}, "
-             f"python {m['python']}; {m['date']}; commit {m['commit']}.",
-             f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
-             f"- Model: xDiT's `xFuserWanTransformer3DWrapper` with the {m['spec']['name']} config, "
-             f"{m['spec']['config']['num_layers']} layers, {m['spec']['config']['num_attention_heads']} heads x "
-             f"{m['spec']['config']['attention_head_dim']}, BF16, random N(0, 0.02) weights (same seed on every "
-             f"rank, checksum verified: {m.get('weights_identical')}); latent {tuple(m['spec']['latent'])} -> "
-             f"{m['spec']['tokens']} self-attention tokens, {m['spec']['text_tokens']} text tokens; a step = "
-             f"{m['spec']['calls_per_step']} transformer forwards (CFG), called directly.",
+    lines = header_lines(m, "xDiT (xfuser) Ulysses / ring, fsattn as xDiT's attention kernel",
+                         f"diffusers {m['diffusers']}, xfuser {m.get('xfuser')}, yunchang {m.get('yunchang')}") + [
+             model_line(m, "xDiT's `xFuserWanTransformer3DWrapper` with the ",
+                        "transformer forwards (CFG), called directly"),
              "- xDiT set up per setting as its runner does (`xFuserArgs.create_config`, `initialize_model_parallel`, "
              "`initialize_runtime_state`); 1 GPU = `data_parallel_degree` = number of GPUs (each rank its own "
              f"sequence of one, policies split over the ranks); N GPUs = `ulysses_degree` = {w} or `ring_degree` = "
@@ -194,14 +186,7 @@ def to_markdown(doc: dict) -> str:
              f"for self-attention, cross-attention stays on `{STOCK_SLOT}`.",
              "- Attention share: CUDA events around every self-attention `USP` call (N GPUs: including the "
              "Ulysses all-to-alls / ring exchange).",
-             "- hybrid = projection, not a timed policy: "
-             f"{2 * e2e.HYBRID_ENDS} mxfp6 + {e2e.PAPER_STEPS - 2 * e2e.HYBRID_ENDS} mxfp4 steps of the measured "
-             "step times of the same setting.",
-             f"- Match (one transformer call, N GPUs vs 1 GPU, both under xDiT; relative L2 / cosine over the whole "
-             f"output): bf16 passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N "
-             f"GPUs vs bf16 1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + "
-             f"max({ABSOLUTE_FLOOR:g}, err(bf16, N GPUs vs 1 GPU) of the same mode).",
-             f"- Status: {doc['status']}.", ""]
+             ] + hybrid_and_match_lines("both under xDiT; ", doc["status"])
     return "\n".join(lines + table_lines(doc))
 
 
