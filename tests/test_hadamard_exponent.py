@@ -47,7 +47,8 @@ def test_schraudolph_pattern_hand_values():
     assert round(128 * (127 - SCHRAUDOLPH_EPS)) == 16249
     p = schraudolph_u16(torch.tensor([0.0]))
     assert p.item() == torch.tensor([16249 << 16], dtype=torch.int32).view(torch.float32).item()
-    assert p.item() == pytest.approx(2 ** -SCHRAUDOLPH_EPS * (1 + 121 / 128) / (1 + (1 - SCHRAUDOLPH_EPS)) * 1.0, rel=SCHRAUDOLPH_P_REL)
+    assert p.item() == pytest.approx(2 ** -SCHRAUDOLPH_EPS * (1 + 121 / 128) / (1 + (1 - SCHRAUDOLPH_EPS)) * 1.0,
+                                     rel=SCHRAUDOLPH_P_REL)
     # Large overshoots climb into the sign bit (Appendix C) and saturate at 0xFFFF (NaN) past 384 doublings.
     assert schraudolph_pattern(torch.tensor([400.0]), "u16").item() == 0xFFFF
     assert math.isnan(schraudolph(torch.tensor([400.0]), "u16").item())

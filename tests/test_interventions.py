@@ -207,7 +207,8 @@ def test_call_diagnostics_exact_is_zero_and_heads_chunk():
     assert a["scale:0.5"]["jsd"] > 0 and a["scale:0.5"]["out_rel_err"] > 0
     for label in a:
         for f, x in a[label].items():
-            assert x == pytest.approx(b[label][f], rel=FP32_ROUNDOFF, abs=FP64_SLACK), (label, f)  # fp32 matmuls per head chunk
+            # fp32 matmuls per head chunk
+            assert x == pytest.approx(b[label][f], rel=FP32_ROUNDOFF, abs=FP64_SLACK), (label, f)
 
 
 def test_flatten_and_sharpen_match_the_jsd():

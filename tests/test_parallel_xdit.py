@@ -323,5 +323,7 @@ def test_merge_by_lse_equals_one_call_and_ignores_empty_shards(layout):
     # batch 1 has only the first 200 keys: compare it with a call over those
     ref1, ref1_lse = fa.attention(q[1:], k[1:].narrow(seq, 0, 200), v[1:].narrow(seq, 0, 200), "exact",
                                   layout=layout, return_lse=True)
-    assert torch.allclose(merged[:1], full[:1], atol=FP32_ACCUMULATED) and torch.allclose(lse[:1], full_lse[:1], atol=FP32_LSE_NATS)
-    assert torch.allclose(merged[1:], ref1, atol=FP32_ACCUMULATED) and torch.allclose(lse[1:], ref1_lse, atol=FP32_LSE_NATS)
+    assert torch.allclose(merged[:1], full[:1], atol=FP32_ACCUMULATED)
+    assert torch.allclose(lse[:1], full_lse[:1], atol=FP32_LSE_NATS)
+    assert torch.allclose(merged[1:], ref1, atol=FP32_ACCUMULATED)
+    assert torch.allclose(lse[1:], ref1_lse, atol=FP32_LSE_NATS)

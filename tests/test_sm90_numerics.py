@@ -68,7 +68,8 @@ def test_fast_stage_b_equals_mxfp6_then_e4m3():
     p8, sums = sm90_numerics.mxfp6_p_scaled_e4m3(p)
     assert torch.equal(p8, sm90_numerics.e4m3(pmx))
     want = pmx.reshape(-1, 2, 32).sum(dim=-1)
-    assert torch.allclose(sums, want, rtol=FP32_BLOCK_SUM_REL, atol=FP32_BLOCK_SUM_FLOOR)  # blocks below 2^-120: documented
+    # blocks below 2^-120: documented
+    assert torch.allclose(sums, want, rtol=FP32_BLOCK_SUM_REL, atol=FP32_BLOCK_SUM_FLOOR)
 
 
 def test_padded_keys_do_not_change_the_sm90_reference():
@@ -111,7 +112,8 @@ def test_h15_kernel_semantics_track_the_paper_semantics():
     e_sm90 = relative_error(out, ref)
     e_schraudolph = relative_error(sm90_reference_attention(q, k, v, PRESETS["mxfp8"], scale=128 ** -0.5)[0], ref)
     print(f"Rowmax-H15: MI355X semantics {e_paper:.4f}, sm90 {e_sm90:.4f}; Schraudolph sm90 {e_schraudolph:.4f}")
-    assert H15_MI355X_ERR[0] < e_paper < H15_MI355X_ERR[1] and within_kernel_rule(e_sm90, e_paper) and within_kernel_rule(e_paper, e_sm90)
+    assert H15_MI355X_ERR[0] < e_paper < H15_MI355X_ERR[1] and within_kernel_rule(e_sm90, e_paper)
+    assert within_kernel_rule(e_paper, e_sm90)
     assert e_schraudolph < e_sm90  # the cheaper exponential costs accuracy
     assert torch.isfinite(lse).all()
 

@@ -53,7 +53,8 @@ def test_fixed_window_rows():
     got = _p(row, steps=3, calibration=Calibration.FIXED_WINDOW)
     print("fixed lerp", got, want_lerp)
     assert got == pytest.approx(want_lerp, rel=FP64_ROUNDOFF, abs=0)
-    assert _p(row, steps=3, calibration="fixed_window", rounding="hard_post") == pytest.approx(want_hard, rel=FP64_ROUNDOFF)
+    got_hard = _p(row, steps=3, calibration="fixed_window", rounding="hard_post")
+    assert got_hard == pytest.approx(want_hard, rel=FP64_ROUNDOFF)
     lo, hi = grid_ends(torch.tensor([row]), Calibration.FIXED_WINDOW, window=6.0)
     assert (lo.item(), hi.item()) == (-6.0, 0.0)
 
@@ -76,7 +77,8 @@ def test_masks_degenerate_rows_and_no_mutation():
     assert p[0, 2] == 0 and p[0].sum().item() == pytest.approx(1.0, abs=FP64_ROW_SUM)
     # K=3 on [1, 5]: u = 0, 0.75, 3
     d = 4 / 3
-    assert p[0, [0, 1, 3]].tolist() == pytest.approx(_norm([E(-4), 0.25 * E(-4) + 0.75 * E(-4 + d), 1.0]), rel=FP64_ROUNDOFF)
+    want = _norm([E(-4), 0.25 * E(-4) + 0.75 * E(-4 + d), 1.0])
+    assert p[0, [0, 1, 3]].tolist() == pytest.approx(want, rel=FP64_ROUNDOFF)
     assert p[1].tolist() == pytest.approx([0.25] * 4, abs=FP64_ROW_SUM)  # hi == lo: equal weights
     assert p[2].tolist() == [1.0, 0.0, 0.0, 0.0]  # one valid position
     assert p[3].tolist() == [0.0] * 4  # no valid position
