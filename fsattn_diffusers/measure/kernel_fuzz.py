@@ -1,8 +1,8 @@
 """Seeded random cases for the attention kernels, and the checks each case must pass.
 
-Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against the sm90 reference) and by
-tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against itself and against
-deliberately broken kernels). Nothing here imports Triton.
+Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against the sm90 reference,
+:func:`sm90_reference`) and by tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against
+itself and against deliberately broken kernels). Nothing here imports Triton.
 
 Tolerance rule (:func:`fsattn_diffusers.testing.within_kernel_rule`, derived there): with
 ``err(x) = ||x - exact||_F / ||exact||_F`` against float64 softmax attention on the same inputs,
