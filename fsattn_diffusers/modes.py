@@ -2,8 +2,9 @@
 
 :class:`Mode` is the base of every enum whose members stand for a mode named by a string: the operand formats and
 scale rules (:mod:`fsattn_diffusers.formats`), the exponential, proxy, numerics target and key order
-(:mod:`fsattn_diffusers.recipe`). A member *is* its string (a ``str`` subclass), so JSON records, CLI arguments,
-dictionary keys and code that compares against the strings (the kernels' plan) see the plain value.
+(:mod:`fsattn_diffusers.recipe`), the grid softmax's training options (:mod:`fsattn_diffusers.training`). A member
+*is* its string (a ``str`` subclass), so JSON records, CLI arguments, dictionary keys and code that compares against
+the strings (the kernels' plan) see the plain value.
 """
 
 from __future__ import annotations
@@ -30,6 +31,20 @@ class Mode(str, enum.Enum):
     def values(cls) -> tuple:
         """The members' strings, in definition order (for ``choices=`` and error messages)."""
         return tuple(m.value for m in cls)
+
+    @classmethod
+    def parse(cls, value, what: str) -> "Mode":
+        """``value`` (a member or its string) as a member of this mode.
+
+        Raises
+        ------
+        ValueError
+            One line: ``{what}={value!r} is not supported; accepted: <the members' strings>``.
+        """
+        try:
+            return cls(value)
+        except (ValueError, TypeError):
+            raise ValueError(f"{what}={value!r} is not supported; accepted: {', '.join(cls.values())}") from None
 
 
 __all__ = ["Mode"]

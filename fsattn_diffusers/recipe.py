@@ -88,14 +88,6 @@ MXFP6_P_FROZEN_MAX_OFFSET_LOG2 = 3 / 32
 Q_SMOOTHING_MIN_RATIO = 1.0
 
 
-def _mode(field: str, value, mode: type) -> Mode:
-    """``value`` (a string or a member) as a member of ``mode``; a one-line ValueError naming the accepted strings."""
-    try:
-        return mode(value)
-    except (ValueError, TypeError):
-        raise ValueError(f"Recipe.{field}={value!r} is not supported; accepted: {', '.join(mode.values())}") from None
-
-
 @dataclass(frozen=True)
 class Recipe:
     """Numerics of the Fused-Softmax pipeline (paper Algorithm 1 and Table 3).
@@ -237,7 +229,7 @@ class Recipe:
         for field, mode in MODE_FIELDS.items():
             value = getattr(self, field)
             if value is not None or not field.endswith("_scale_rule"):
-                object.__setattr__(self, field, _mode(field, value, mode))
+                object.__setattr__(self, field, mode.parse(value, f"Recipe.{field}"))
         if not (1 <= self.rollback_cap_log2 <= 126):
             raise ValueError(f"Recipe.rollback_cap_log2={self.rollback_cap_log2} is out of range; accepted: 1..126")
         if self.rollback_floor_log2 is not None and not (1 <= self.rollback_floor_log2 <= ROLLBACK_FLOOR_LIMIT_LOG2):

@@ -80,22 +80,22 @@ def _bad_dirs(tmp_path):
 
 
 @pytest.mark.parametrize("argv,needle", [
-    (["--model", "/no/such/dir"], "does not exist"),
-    (["--model", "EMPTY"], "no model_index.json"),
-    (["--model", "OTHER"], "unknown model type 'StableDiffusionPipeline'"),
-    (["--policy", "fp3"], "unknown policy 'fp3'"),
-    (["--policy", "mxfp6:3,mxfp4"], "bad schedule"),
-    (["--policy", "mxfp6:3,mxfp7:2"], "unknown policy entry 'mxfp7'"),
-    (["--height", "100"], "--height 100 is not a positive multiple of 16"),
-    (["--width", "8"], "--width 8 is not a positive multiple of 16"),
-    (["--frames", "10"], "--frames 10 is not 4k + 1"),
-    (["--steps", "0"], "--steps 0 must be >= 1"),
-    (["--backend", "nope"], "unknown backend 'nope'"),
-    (["--out", "video.avi"], "must end with .mp4"),
+    ("--model /no/such/dir", "does not exist"),
+    ("--model EMPTY", "no model_index.json"),
+    ("--model OTHER", "unknown model type 'StableDiffusionPipeline'"),
+    ("--policy fp3", "unknown policy 'fp3'"),
+    ("--policy mxfp6:3,mxfp4", "bad schedule"),
+    ("--policy mxfp6:3,mxfp7:2", "unknown policy entry 'mxfp7'"),
+    ("--height 100", "--height 100 is not a positive multiple of 16"),
+    ("--width 8", "--width 8 is not a positive multiple of 16"),
+    ("--frames 10", "--frames 10 is not 4k + 1"),
+    ("--steps 0", "--steps 0 must be >= 1"),
+    ("--backend nope", "unknown backend 'nope'"),
+    ("--out video.avi", "must end with .mp4"),
 ])
 def test_usage_errors_one_line_exit_2(tmp_path, capsys, argv, needle):
     empty, other = _bad_dirs(tmp_path)
-    argv = [str(empty) if a == "EMPTY" else str(other) if a == "OTHER" else a for a in argv]
+    argv = [str(empty) if a == "EMPTY" else str(other) if a == "OTHER" else a for a in argv.split()]
     code, out, err = _generate(capsys, *argv, "--out" if "--out" not in argv else "--seed",
                                str(tmp_path / "x.mp4") if "--out" not in argv else "0")
     lines = err.strip().splitlines()

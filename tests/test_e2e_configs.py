@@ -75,6 +75,20 @@ def tiny_block(monkeypatch):
     return model, args, kwargs
 
 
+def assert_one_graph_matching_eager(block, args, kwargs, label):
+    """Dynamo captures ``block`` in one graph with no break, and a ``fullgraph=True`` compile of it returns eager's
+    outputs bit for bit (a tensor, or each tensor of a tuple)."""
+    report = e2e_config.explain_block(block, args, kwargs)
+    print(label, report)
+    assert report["graphs"] == 1 and report["graph_breaks"] == 0, report["reasons"]
+    with torch.no_grad():
+        eager = block(*args, **kwargs)
+        compiled = torch.compile(block, fullgraph=True, backend="eager")(*args, **kwargs)
+    if isinstance(eager, torch.Tensor):
+        eager, compiled = (eager,), (compiled,)
+    assert len(compiled) == len(eager) and all(torch.equal(a, b) for a, b in zip(compiled, eager))
+
+
 @pytest.mark.parametrize("policy,backend", [("bf16", "auto"), ("fa3", "auto"), ("fa3-fp8", "auto"),
                                             ("mxfp8", "emulator")])
 def test_wan_block_with_our_processor_has_no_graph_break(tiny_block, policy, backend):
@@ -85,13 +99,7 @@ def test_wan_block_with_our_processor_has_no_graph_break(tiny_block, policy, bac
     fsattn_diffusers.apply(model, policy=policy, backend=backend)
     block = model.blocks[0]
     try:
-        report = e2e_config.explain_block(block, args, kwargs)
-        print(policy, report)
-        assert report["graphs"] == 1 and report["graph_breaks"] == 0, report["reasons"]
-        with torch.no_grad():
-            eager = block(*args, **kwargs)
-            compiled = torch.compile(block, fullgraph=True, backend="eager")(*args, **kwargs)
-        assert torch.equal(compiled, eager)
+        assert_one_graph_matching_eager(block, args, kwargs, policy)
     finally:
         fsattn_diffusers.remove(model)
         torch._dynamo.reset()
@@ -225,14 +233,7 @@ def test_hunyuan_blocks_with_padded_text_have_no_graph_break(monkeypatch, block_
         args, kwargs = e2e_config.block_inputs(model, block, lambda: model(**kw))
         call = fake.CALLS[0]  # keys: all image tokens + 7 text tokens of the 12 (5 padded)
         assert call["entry"] == "varlen" and call["seqused_k"].tolist() == [call["max_seqlen_k"] - 5]
-        report = e2e_config.explain_block(block, args, kwargs)
-        print(block_name, report)
-        assert report["graphs"] == 1 and report["graph_breaks"] == 0, report["reasons"]
-        with torch.no_grad():
-            eager = block(*args, **kwargs)
-            compiled = torch.compile(block, fullgraph=True, backend="eager")(*args, **kwargs)
-        for a, b in zip(compiled, eager):
-            assert torch.equal(a, b)
+        assert_one_graph_matching_eager(block, args, kwargs, block_name)
     finally:
         fsattn_diffusers.remove(model)
         torch._dynamo.reset()

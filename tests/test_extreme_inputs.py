@@ -13,6 +13,8 @@ import fsattn_diffusers as fa
 from fsattn_diffusers.measure.accuracy_tables import TABLE4_ROWS
 from fsattn_diffusers.testing import error_and_cosine, exact_attention
 from fsattn_diffusers.recipe import PRESETS
+from tolerances import (EXTREME_BF16_ERR_MIN, EXTREME_CONVENTIONAL_ERR_MIN, EXTREME_PIPELINE_FLOOR,
+                        EXTREME_PIPELINE_RATIO, EXTREME_ROLLBACK_RATE_MIN)
 
 
 @pytest.mark.parametrize("recipe,numerics", [("mxfp8", "mi355x"), ("mxfp6", "mi355x"), ("mxfp4", "mi355x"),
@@ -34,6 +36,7 @@ def test_huge_q_error_equals_the_conventional_softmax_on_the_same_operands(recip
     print(f"{recipe}/{numerics} q x 1e4: pipeline {e_p:.4f}, conventional on the same operands {e_c:.4f}, "
           f"bf16 operands {e_b:.4f}, pipeline vs conventional {error_and_cosine(out, conv)[0]:.2e}, "
           f"rollback rate {st['rollback_rate']:.2f}")
-    assert st["rollback_rate"] > 0.5  # the gate does fire on most tiles
-    assert e_p <= 1.05 * e_c + 1e-3
-    assert e_c > 0.2 and e_b > 0.02  # the scores are so sharp that any operand rounding changes the winner
+    assert st["rollback_rate"] > EXTREME_ROLLBACK_RATE_MIN  # the gate does fire on most tiles
+    assert e_p <= EXTREME_PIPELINE_RATIO * e_c + EXTREME_PIPELINE_FLOOR
+    # the scores are so sharp that any operand rounding changes the winner
+    assert e_c > EXTREME_CONVENTIONAL_ERR_MIN and e_b > EXTREME_BF16_ERR_MIN

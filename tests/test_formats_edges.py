@@ -40,12 +40,18 @@ def sweep():
     return torch.cat([vals[torch.isfinite(vals) & (vals > 0)], torch.tensor(edges)])
 
 
-def test_round_up_175_equals_aiter_mxfp8_over_the_whole_range():
+def assert_rule_equals_aiter(rule, fmt, aiter_byte, label):
+    """The shared exponent of ``rule`` equals AITER's (its E8M0 byte minus the bias 127) on every magnitude of
+    :func:`sweep`."""
     amax = sweep()
-    ours = shared_exponent(amax, E4M3, "round_up_175")
-    ref = torch.tensor([aiter_mxfp8_byte(float(a)) - 127 for a in amax], dtype=torch.int32)
-    print(f"round_up_175 vs AITER MXFP8: {int((ours != ref).sum())} of {len(amax)} differ")
+    ours = shared_exponent(amax, fmt, rule)
+    ref = torch.tensor([aiter_byte(float(a)) - 127 for a in amax], dtype=torch.int32)
+    print(f"{rule} vs {label}: {int((ours != ref).sum())} of {len(amax)} differ")
     assert torch.equal(ours, ref)
+
+
+def test_round_up_175_equals_aiter_mxfp8_over_the_whole_range():
+    assert_rule_equals_aiter("round_up_175", E4M3, aiter_mxfp8_byte, "AITER MXFP8")
 
 
 def test_round_up_175_saturates_the_scale_at_2_127_above_1_75_times_2_127():
@@ -64,11 +70,7 @@ def test_round_up_175_saturates_the_scale_at_2_127_above_1_75_times_2_127():
 
 
 def test_ceil_equals_aiter_mxfp4_and_differs_from_exact_ceil_below_2_minus_127():
-    amax = sweep()
-    ours = shared_exponent(amax, E2M1, "ceil")
-    ref = torch.tensor([aiter_mxfp4_byte(float(a)) - 127 for a in amax], dtype=torch.int32)
-    print(f"ceil vs AITER MXFP4: {int((ours != ref).sum())} of {len(amax)} differ")
-    assert torch.equal(ours, ref)
+    assert_rule_equals_aiter("ceil", E2M1, aiter_mxfp4_byte, "AITER MXFP4")
     tiny = torch.tensor([6 * 2.0 ** -130, 6 * 2.0 ** -127, 2.0 ** -140])  # amax / 6 <= 2^-127 (fp32 subnormal)
     print("ceil at amax/6 <= 2^-127:", shared_exponent(tiny, E2M1, "ceil").tolist(), "(exact ceil, torchao: -127)")
     assert shared_exponent(tiny, E2M1, "ceil").tolist() == [-126, -126, -126]

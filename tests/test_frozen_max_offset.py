@@ -15,6 +15,8 @@ from fsattn_diffusers.numerics import MI355XNumerics, SM90Numerics
 from fsattn_diffusers.recipe import (FROZEN_MAX_OFFSET_GRID, MXFP6_P_FROZEN_MAX_OFFSET_LOG2, PAPER_SUFFIX, PRESETS,
                                      Recipe, get_recipe)
 from fsattn_diffusers.testing import exact_attention, relative_error
+from tolerances import (FP32_ACCUMULATED, FP32_LSE_NATS, FP32_ROUNDOFF, FROZEN_OFFSET_GAUSSIAN_COST,
+                        FROZEN_OFFSET_LOCALITY_GAIN)
 
 SCALE = 128 ** -0.5
 OFFSET = MXFP6_P_FROZEN_MAX_OFFSET_LOG2
@@ -67,8 +69,8 @@ def test_exact_arithmetic_is_unchanged(o):
     ex, ex_lse = exact_attention(q, k, v, SCALE)
     print(f"o={o}: out diff {relative_error(b, a):.2e}, lse max diff {float((lb - la).abs().max()):.2e}, "
           f"vs exact lse {float((lb - ex_lse).abs().max()):.2e}")
-    assert relative_error(b, a) < 1e-6 and float((lb - la).abs().max()) < 1e-5
-    assert float((lb - ex_lse).abs().max()) < 1e-4
+    assert relative_error(b, a) < FP32_ROUNDOFF and float((lb - la).abs().max()) < FP32_ACCUMULATED
+    assert float((lb - ex_lse).abs().max()) < FP32_LSE_NATS
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -85,5 +87,5 @@ def test_mxfp6_presets_gain_on_locality(dtype):
             errs[family, name] = relative_error(out, ex)
     print({f"{f} {n}": f"{e:.4%}" for (f, n), e in errs.items()})
     new, old = "mxfp6", "mxfp6+key_order=natural+frozen_max_offset_log2=0"
-    assert errs["locality", new] < errs["locality", old] - 0.002
-    assert errs["gaussian", new] < errs["gaussian", old] + 0.001
+    assert errs["locality", new] < errs["locality", old] - FROZEN_OFFSET_LOCALITY_GAIN
+    assert errs["gaussian", new] < errs["gaussian", old] + FROZEN_OFFSET_GAUSSIAN_COST

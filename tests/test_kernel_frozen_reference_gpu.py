@@ -19,6 +19,8 @@ from fsattn_diffusers.measure.kernel_fuzz import LSE_REF_MAX  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS, get_recipe  # noqa: E402
 from fsattn_diffusers.testing import KERNEL_REF_MAX, exact_attention, within_kernel_rule  # noqa: E402
+from tolerances import (KERNEL_HIGH_TILE_VS_REFERENCE, KERNEL_LSE_MEAN_VS_REFERENCE,  # noqa: E402
+                        KERNEL_LSE_VS_REFERENCE, KERNEL_SINK_ERR_MAX)
 
 pytestmark = pytest.mark.gpu
 
@@ -60,13 +62,13 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
     # of the reference's, and the mean over rows within 1e-2.
     lse_mean = float(dl.mean())
     print(f"    lse mean diff {lse_mean:.2e}, bound per row {LSE_REF_MAX:.4f}")
-    assert lse_diff <= LSE_REF_MAX and lse_mean < 1e-2
+    assert lse_diff <= LSE_REF_MAX and lse_mean < KERNEL_LSE_MEAN_VS_REFERENCE
     slack = max(2, ref_st["rollbacks"] // 50)
     assert abs(int(st[0]) - ref_st["rollbacks"]) <= slack
     if get_recipe(recipe).rollback_floor_log2 is not None:
         assert int(st[0]) > 0 and ref_st["rollbacks"] > 0
         if not CPU_INTERPRET:  # 5.6% without the lowering at S_k = 8192 (benchmarks/results/sink_diagnosis_h200.txt)
-            assert e_k < 0.035
+            assert e_k < KERNEL_SINK_ERR_MAX
 
 
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
@@ -84,7 +86,8 @@ def test_the_kernels_lower_at_the_second_low_tile_as_the_reference_does(pattern,
     print(f"{pattern} {variant}: rollbacks kernel {st.tolist()} ref {ref_st['rollbacks']}, err kernel {e_k:.5f} "
           f"ref {e_r:.5f}, lse maxdiff {float((lse - ref_lse).abs().max()):.2e}")
     assert int(st[0]) == ref_st["rollbacks"]
-    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX and float((lse - ref_lse).abs().max()) < 5e-2
+    assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_REF_MAX
+    assert float((lse - ref_lse).abs().max()) < KERNEL_LSE_VS_REFERENCE
 
 
 @pytest.mark.parametrize("variant", ["triton", "gluon_pingpong"])
@@ -111,6 +114,7 @@ def test_the_kernels_visit_the_key_tiles_in_the_recipes_order(pattern, variant):
         assert int(st[0]) == ref_st["rollbacks"]
         # rows dominated by one 8-doubling-high tile: the FP8 GEMMs' accumulation moved the output by up to 2.6e-2
         # from the reference in either order on the H200 with O accumulated across key tiles on the tensor cores
-        assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < 4e-2 and lse_diff < 5e-2
+        assert within_kernel_rule(e_k, e_r) and rel(out, ref_o) < KERNEL_HIGH_TILE_VS_REFERENCE
+        assert lse_diff < KERNEL_LSE_VS_REFERENCE
         outs[order] = out
     assert not torch.equal(outs["natural"], outs["diagonal"])

@@ -9,21 +9,17 @@ import torch
 
 from fsattn_diffusers.emulator import sm90_reference_attention
 from fsattn_diffusers.measure.kernel_fuzz import (LSE_REF_MAX, MAX_WORK, S_MAX, Case, case_line, generate_cases,
-                                                  make_inputs, reference_bounds, run_case, summary_lines)
-from fsattn_diffusers.recipe import PRESETS, get_recipe
+                                                  make_inputs, reference_bounds, run_case, sm90_reference,
+                                                  summary_lines)
+from fsattn_diffusers.recipe import get_recipe
 from fsattn_diffusers.smoothing import q_smoothing_heads
 
 RECIPES = ("mxfp8", "mxfp6", "mxfp4")
 VARIANTS = ("gluon_pingpong", "triton", "api")
 
 
-def reference(q, k, v, recipe, scale, kv):
-    out, lse, _ = sm90_reference_attention(q, k, v, PRESETS[recipe], scale=scale, kv_lens=kv)
-    return out, lse
-
-
 def good_kernel(q, k, v, recipe, kv, variant, scale, out, lse):
-    o, l = reference(q, k, v, recipe, scale, kv)
+    o, l = sm90_reference(q, k, v, recipe, scale, kv)
     out.copy_(o)
     lse.copy_(l)
 
@@ -51,7 +47,7 @@ def tiny_cases(n=5):
 
 
 def test_harness_passes_the_reference_against_itself():
-    results = [run_case(c, good_kernel, reference, "cpu") for c in tiny_cases()]
+    results = [run_case(c, good_kernel, "cpu") for c in tiny_cases()]
     for r in results:
         print(case_line(r))
     print("\n".join(summary_lines(results)))
@@ -63,7 +59,7 @@ def test_harness_catches_broken_kernels():
     case = next(c for c in tiny_cases(20) if c.s_q > 1 and c.kv_lens is None)
 
     def unwritten_row(q, k, v, recipe, kv, variant, scale, out, lse):
-        o, l = reference(q, k, v, recipe, scale, kv)
+        o, l = sm90_reference(q, k, v, recipe, scale, kv)
         out[:, :, 1:].copy_(o[:, :, 1:])
         lse.copy_(l)
 
@@ -90,11 +86,11 @@ def test_harness_catches_broken_kernels():
     expect = {unwritten_row: "NaN", noisy: "tolerance rule", writes_input: "inputs modified",
               nondeterministic: "not deterministic"}
     for fn, word in expect.items():
-        r = run_case(case, fn, reference, "cpu")
+        r = run_case(case, fn, "cpu")
         print(fn.__name__, "->", r["failures"])
         assert any(word in f for f in r["failures"]), fn.__name__
     empty = next(c for c in tiny_cases(40) if c.kv_lens and 0 in c.kv_lens)
-    r = run_case(empty, lse_finite_everywhere, reference, "cpu")
+    r = run_case(empty, lse_finite_everywhere, "cpu")
     print("lse_finite_everywhere ->", r["failures"])
     assert any("LSE finite" in f for f in r["failures"])
 

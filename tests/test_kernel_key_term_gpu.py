@@ -30,6 +30,7 @@ from fsattn_diffusers.operands import LOG2E, prequantize_qk  # noqa: E402
 from fsattn_diffusers.recipe import get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 from fsattn_diffusers.testing import KERNEL_REF_MAX, exact_attention, within_kernel_rule  # noqa: E402
+from tolerances import FP32_ACCUMULATED  # noqa: E402
 
 pytestmark = pytest.mark.gpu
 VARIANTS = ["triton", "gluon_pingpong"]
@@ -147,7 +148,7 @@ def test_the_pre_pass_carries_the_reference_term(variant):
     d_bias = float((ops.bias[..., :1000] - term.bias_eff).abs().max() / term.bias_eff.abs().max())
     print(f"{variant}: G kernel {ops.kg.tolist()} ref {term.g.reshape(-1).tolist()}; relative term difference "
           f"{d_bias:.2e}")
-    assert torch.equal(ops.kg, term.g.reshape(-1)) and torch.equal(ops.qe, qe) and d_bias < 1e-5
+    assert torch.equal(ops.kg, term.g.reshape(-1)) and torch.equal(ops.qe, qe) and d_bias < FP32_ACCUMULATED
     assert float(ops.bias[..., 1000:].abs().max()) == 0.0
     if variant == "gluon_pingpong":
         kx = ops.kx.float().view(1, 2, -1, sm90_numerics.KEY_TERM_COLS)

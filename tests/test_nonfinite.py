@@ -7,6 +7,7 @@ import torch
 
 import fsattn_diffusers as fa
 from fsattn_diffusers import nonfinite, notices
+from tolerances import FP32_ACCUMULATED, QUANTIZED_ELEMENT_ATOL
 
 RECIPES = ["mxfp8", "mxfp6", "mxfp4", "bf16-emulated", "exact"]
 B, H, S, D = 2, 2, 300, 64
@@ -50,7 +51,8 @@ def test_one_nan_in_q_gives_nan_in_its_row_only(recipe):
     bad = ~torch.isfinite(out)
     print(f"{recipe}: {int(bad.sum())} non-finite output elements (row {D})")
     assert int(bad.sum()) == D and bad[1, 0, 17].all()
-    assert torch.equal(torch.isnan(q), torch.isnan(before[0])) and torch.equal(k, before[1]) and torch.equal(v, before[2])
+    assert torch.equal(torch.isnan(q), torch.isnan(before[0])) and torch.equal(k, before[1])
+    assert torch.equal(v, before[2])
     assert len(warned) == 1
     msg = str(warned[0].message)
     assert "\n" not in msg and "q: 1" in msg
@@ -70,7 +72,8 @@ def test_one_inf_in_k_gives_exact_attentions_nan_pattern(recipe):
     assert torch.equal(got_bad, ref_bad)
     # the repaired slice is exact attention; the others are the recipe's own output, untouched
     ok = ~ref_bad[0, 1]
-    assert torch.allclose(out[0, 1][ok].double(), ref[0, 1][ok], atol=1e-2 if recipe != "exact" else 1e-5)
+    atol = QUANTIZED_ELEMENT_ATOL if recipe != "exact" else FP32_ACCUMULATED
+    assert torch.allclose(out[0, 1][ok].double(), ref[0, 1][ok], atol=atol)
     clean_k = k.clone()
     clean_k[0, 1, 200, 3] = 0.0
     clean = fa.attention(q, clean_k, v, recipe, layout="bhsd", backend="emulator")

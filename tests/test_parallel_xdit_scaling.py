@@ -18,6 +18,7 @@ import pytest
 
 import fake_sage
 from fsattn_diffusers.measure import cp_scaling as scaling
+from tolerances import SHARDED_COSINE_MIN
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("xfuser", "yunchang", "distvae")),
                                 reason="needs xfuser 0.7, yunchang and distvae (pip install xfuser)")
@@ -75,7 +76,7 @@ def test_two_process_output_matches_one_process(report, mode):
     if mode == "ulysses":  # all-to-all moves whole heads: same kernel calls, same numbers
         assert rows["bf16"]["rel_err_vs_1gpu"] == 0.0
     for p in POLICIES[1:]:  # the quantized kernel (or SageAttention) ran: differs from stock bf16
-        assert rows[p]["e_sharded"] > 0 and rows[p]["cos_vs_1gpu"] > 0.999
+        assert rows[p]["e_sharded"] > 0 and rows[p]["cos_vs_1gpu"] > SHARDED_COSINE_MIN
 
 
 def test_setting_degrees():

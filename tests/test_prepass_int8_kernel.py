@@ -17,6 +17,7 @@ from fsattn_diffusers.recipe import INT8_BF16, get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402
 
 from fsattn_diffusers.kernels.sm90.ops_int8 import prepass_int8  # noqa: E402
+from tolerances import FP32_ACCUMULATED  # noqa: E402
 
 RECIPE = get_recipe(INT8_BF16).replace(numerics="sm90")
 
@@ -86,7 +87,7 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
     print(f"min_ratio {min_ratio}: differing Q codes, Q scales, K codes {diffs}; key term max rel. diff {rel:.2e}; "
           f"per-slice max |term| {[round(float(x), 3) for x in ref_bias.abs().amax(dim=(0, 2))]}")
     assert diffs == [0, 0, 0]
-    assert rel < 1e-5 and bool((bias[:, :, 170:] == 0).all())
+    assert rel < FP32_ACCUMULATED and bool((bias[:, :, 170:] == 0).all())
     if min_ratio > 0:  # the slices without a shared offset keep Q as it is and no term
         assert bool((bias[:, [0, 2]] == 0).all()) and bool((bias[:, 1, :170] != 0).any())
         assert q_sel.tolist() == [0, 1, 0]  # the kernel's launch per setting reads it

@@ -8,6 +8,7 @@ import torch
 
 from fsattn_diffusers.quality import lpips_metric
 from fsattn_diffusers.quality.metrics import compare_frames, frame_indices, mse, psnr, psnr_from_mse, ssim
+from tolerances import FP64_SLACK
 
 pytest.importorskip("skimage")
 
@@ -42,8 +43,8 @@ def test_known_noise_gives_the_formula_psnr(sigma):
     m = compare_frames(ref, test, [0, 4])
     print(f"sigma {sigma}: psnr per frame {m.psnr}, pooled {m.means['psnr']}, formula {expected}")
     for p in m.psnr:
-        assert p == pytest.approx(expected, abs=1e-9)
-    assert m.means["psnr"] == pytest.approx(expected, abs=1e-9)
+        assert p == pytest.approx(expected, abs=FP64_SLACK)
+    assert m.means["psnr"] == pytest.approx(expected, abs=FP64_SLACK)
     assert m.means["ssim"] < 1.0
 
 
@@ -55,13 +56,13 @@ def test_video_psnr_pools_the_mse_so_one_identical_frame_is_not_inf():
     expected = 10 * math.log10(255 ** 2 / ((0 + 16) / 2))
     print("per frame", m.psnr, "video", m.means["psnr"], "formula", expected)
     assert math.isinf(m.psnr[0]) and math.isfinite(m.psnr[1])
-    assert m.means["psnr"] == pytest.approx(expected, abs=1e-9)
+    assert m.means["psnr"] == pytest.approx(expected, abs=FP64_SLACK)
 
 
 def test_single_frame_helpers_and_errors():
     a, b = frames(2)
     print("psnr", psnr(a, b), "mse", mse(a, b), "ssim", ssim(a, b))
-    assert psnr(a, b) == pytest.approx(psnr_from_mse(mse(a, b)), abs=1e-9)
+    assert psnr(a, b) == pytest.approx(psnr_from_mse(mse(a, b)), abs=FP64_SLACK)
     assert -1.0 <= ssim(a, b) < 1.0
     assert psnr_from_mse(0.0) == math.inf
     with pytest.raises(ValueError, match="shape"):

@@ -10,16 +10,10 @@ import numpy as np
 import pytest
 import torch
 
-from fsattn_diffusers.training import (
-    Calibration,
-    EndsFeedback,
-    GridSoftmaxConfig,
-    Rounding,
-    grid_attention,
-    grid_ends,
-    grid_softmax,
-    grid_softmax_with_ends,
-)
+from fsattn_diffusers.training import (Calibration, EndsFeedback, GridSoftmaxConfig, Rounding, grid_attention,
+                                       grid_ends, grid_softmax, grid_softmax_with_ends)
+from tolerances import (FINITE_DIFFERENCE_GRAD, FP32_LSE_NATS, FP64_EXP_ON_GRID_REL, FP64_ROUNDOFF, FP64_ROW_SUM,
+                        FP64_SAME_GRADIENT, GRID_ENDS_TERM_MIN)
 
 E = math.exp
 
@@ -43,12 +37,12 @@ def test_minmax_lerp_and_hard_rows():
     want_hard = _norm([E(-4), E(-4), 1.0])  # u = 0.25 rounds to grid value 0
     got = _p([0.0, 0.5, 4.0], steps=2)
     print("lerp", got, want_lerp)
-    assert got == pytest.approx(want_lerp, rel=1e-12)
+    assert got == pytest.approx(want_lerp, rel=FP64_ROUNDOFF)
     for r in (Rounding.HARD_PRE, Rounding.HARD_POST):
-        assert _p([0.0, 0.5, 4.0], steps=2, rounding=r) == pytest.approx(want_hard, rel=1e-12)
+        assert _p([0.0, 0.5, 4.0], steps=2, rounding=r) == pytest.approx(want_hard, rel=FP64_ROUNDOFF)
     # u = 0.75 rounds up; u = 1.5 is a tie and rounds to even (2)
     assert _p([0.0, 1.5, 3.0, 4.0], steps=2, rounding="hard_pre") == pytest.approx(
-        _norm([E(-4), E(-2), 1.0, 1.0]), rel=1e-12)
+        _norm([E(-4), E(-2), 1.0, 1.0]), rel=FP64_ROUNDOFF)
 
 
 def test_fixed_window_rows():
@@ -58,8 +52,9 @@ def test_fixed_window_rows():
     want_hard = _norm([0.0, E(-4), E(-2), 1.0])  # u(-1) = 2.5 ties to even -> grid value -2
     got = _p(row, steps=3, calibration=Calibration.FIXED_WINDOW)
     print("fixed lerp", got, want_lerp)
-    assert got == pytest.approx(want_lerp, rel=1e-12, abs=0)
-    assert _p(row, steps=3, calibration="fixed_window", rounding="hard_post") == pytest.approx(want_hard, rel=1e-12)
+    assert got == pytest.approx(want_lerp, rel=FP64_ROUNDOFF, abs=0)
+    got_hard = _p(row, steps=3, calibration="fixed_window", rounding="hard_post")
+    assert got_hard == pytest.approx(want_hard, rel=FP64_ROUNDOFF)
     lo, hi = grid_ends(torch.tensor([row]), Calibration.FIXED_WINDOW, window=6.0)
     assert (lo.item(), hi.item()) == (-6.0, 0.0)
 
@@ -68,7 +63,7 @@ def test_scores_on_grid_points_give_exact_softmax():
     s = torch.tensor([[0.0, 1.0, 2.0, 4.0, 3.0]], dtype=torch.float64)  # K=4 on [0, 4]: every score on the grid
     for r in Rounding:
         got = grid_softmax(s, _cfg(steps=4, rounding=r))
-        assert torch.allclose(got, torch.softmax(s, -1), rtol=1e-13, atol=0)
+        assert torch.allclose(got, torch.softmax(s, -1), rtol=FP64_EXP_ON_GRID_REL, atol=0)
 
 
 def test_masks_degenerate_rows_and_no_mutation():
@@ -79,11 +74,12 @@ def test_masks_degenerate_rows_and_no_mutation():
                          [False, False, False, False]])
     p = grid_softmax(s, _cfg(steps=3), mask)
     assert torch.equal(s, keep)
-    assert p[0, 2] == 0 and p[0].sum().item() == pytest.approx(1.0, abs=1e-15)
+    assert p[0, 2] == 0 and p[0].sum().item() == pytest.approx(1.0, abs=FP64_ROW_SUM)
     # K=3 on [1, 5]: u = 0, 0.75, 3
     d = 4 / 3
-    assert p[0, [0, 1, 3]].tolist() == pytest.approx(_norm([E(-4), 0.25 * E(-4) + 0.75 * E(-4 + d), 1.0]), rel=1e-12)
-    assert p[1].tolist() == pytest.approx([0.25] * 4, abs=1e-15)  # hi == lo: equal weights
+    want = _norm([E(-4), 0.25 * E(-4) + 0.75 * E(-4 + d), 1.0])
+    assert p[0, [0, 1, 3]].tolist() == pytest.approx(want, rel=FP64_ROUNDOFF)
+    assert p[1].tolist() == pytest.approx([0.25] * 4, abs=FP64_ROW_SUM)  # hi == lo: equal weights
     assert p[2].tolist() == [1.0, 0.0, 0.0, 0.0]  # one valid position
     assert p[3].tolist() == [0.0] * 4  # no valid position
 
@@ -95,7 +91,7 @@ def test_large_k_lerp_approaches_softmax_attention():
     ref = torch.softmax((q @ k.transpose(-1, -2) / math.sqrt(8)).masked_fill(~causal, -math.inf), -1) @ v
     errs = [(grid_attention(q, k, v, _cfg(steps=kk), causal) - ref).abs().max().item() for kk in (8, 64, 512)]
     print("max |grid - softmax| attention, K = 8, 64, 512:", errs)
-    assert errs[0] > errs[1] > errs[2] and errs[2] < 1e-4
+    assert errs[0] > errs[1] > errs[2] and errs[2] < FP32_LSE_NATS
 
 
 def test_bad_input():
@@ -176,9 +172,9 @@ def test_keep_gradient_matches_fd_of_lerp(calibration, k):
 
             fd = _fd_grad(fun, s, cr)
             worst = max(worst, np.abs(got[r].numpy() - fd).max())
-            assert abs(got[r].sum().item()) < 1e-12  # shift invariance: the row's gradient sums to 0
+            assert abs(got[r].sum().item()) < FP64_ROUNDOFF  # shift invariance: the row's gradient sums to 0
     print(f"{calibration.value} K={k} keep: max |autograd - FD| = {worst:.2e}")
-    assert worst < 1e-7
+    assert worst < FINITE_DIFFERENCE_GRAD
 
 
 @pytest.mark.parametrize("calibration,k", CASES)
@@ -205,7 +201,7 @@ def test_detach_gradient_is_fd_with_frozen_ends(calibration, k):
             fd = _fd_grad(fun, s, cr, one_sided={int(s.argmin())} if calibration is Calibration.MINMAX else ())
             worst = max(worst, np.abs(got[r].numpy() - fd).max())
         print(f"{calibration.value} K={k} detach {rounding.value}: max |autograd - FD(frozen ends)| = {worst:.2e}")
-        assert worst < 1e-7
+        assert worst < FINITE_DIFFERENCE_GRAD
 
 
 @pytest.mark.parametrize("calibration", list(Calibration))
@@ -221,10 +217,10 @@ def test_detach_cuts_exactly_the_calibration_path(calibration):
     print(f"{calibration.value}: |keep - detach| off the ends {diff[~ends].abs().max():.1e}, "
           f"at the ends min {diff[ends].abs().min():.3e}; detach row sums {det.sum(1).abs().max():.3e}")
     # everywhere but the positions that set the ends the two gradients agree (up to rounding) ...
-    assert diff[~ends].abs().max() < 1e-14
+    assert diff[~ends].abs().max() < FP64_SAME_GRADIENT
     # ... and at those positions the calibration term is there and sizeable
-    assert diff[ends].abs().min() > 1e-3
-    assert det.sum(1).abs().max() > 1e-3  # the detached gradient is not shift invariant
+    assert diff[ends].abs().min() > GRID_ENDS_TERM_MIN
+    assert det.sum(1).abs().max() > GRID_ENDS_TERM_MIN  # the detached gradient is not shift invariant
 
 
 def test_hard_pre_gradient_matches_fd_of_prenormalization_surrogate():
@@ -255,5 +251,5 @@ def test_hard_pre_gradient_matches_fd_of_prenormalization_surrogate():
             gap = (got - post).abs().max().item()
             print(f"{calibration.value} {ends.value} hard_pre: max |autograd - FD| = {worst:.2e}; "
                   f"max |pre - post| gradient = {gap:.3f}")
-            assert worst < 1e-7
-            assert gap > 1e-3  # the two surrogate placements do give different feedback
+            assert worst < FINITE_DIFFERENCE_GRAD
+            assert gap > GRID_ENDS_TERM_MIN  # the two surrogate placements do give different feedback

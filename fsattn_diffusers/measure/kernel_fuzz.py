@@ -1,8 +1,8 @@
 """Seeded random cases for the attention kernels, and the checks each case must pass.
 
-Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against its Hopper reference) and by
-tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against itself and against
-deliberately broken kernels). Nothing here imports Triton.
+Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against its Hopper reference,
+:func:`sm90_reference`) and by tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against
+itself and against deliberately broken kernels). Nothing here imports Triton.
 
 Tolerance rule (:func:`fsattn_diffusers.testing.within_kernel_rule`, derived there): with
 ``err(x) = ||x - exact||_F / ||exact||_F`` against float64 softmax attention on the same inputs,
@@ -24,6 +24,7 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
+from ..emulator import sm90_reference_attention
 from ..recipe import get_recipe
 from ..testing import KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, exact_attention, within_kernel_rule
 
@@ -180,6 +181,26 @@ KernelFn = Callable[..., None]
 ReferenceFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 
 
+def sm90_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe_name: str, scale: float,
+                   kv_lens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The fuzz's reference: the sm90 numerics of ``recipe_name`` (``emulator.sm90_reference_attention``).
+
+    Parameters
+    ----------
+    q, k, v : Tensor (B, H, S, D) (strided views of (B, S, H, D) storage included); read, never modified.
+    recipe_name : str
+        A preset name, with changes (``"mxfp8+exponential=rowmax_h15"``) allowed.
+    scale : float
+    kv_lens : int tensor (B,) or None
+
+    Returns
+    -------
+    out : Tensor (B, H, S_q, D); lse : Tensor (B, H, S_q), natural log.
+    """
+    out, lse, _ = sm90_reference_attention(q, k, v, get_recipe(recipe_name), scale=scale, kv_lens=kv_lens)
+    return out, lse
+
+
 def reference_bounds(recipe_name: str) -> Tuple[float, float]:
     """``(kernel vs reference relative bound, LSE bound in nats)`` for a recipe name (see the constants above)."""
     if get_recipe(recipe_name).exponential == "rowmax_h15":
@@ -187,8 +208,10 @@ def reference_bounds(recipe_name: str) -> Tuple[float, float]:
     return REL_REF_MAX, LSE_REF_MAX
 
 
-def run_case(case: Case, kernel: KernelFn, reference: ReferenceFn, device) -> Dict:
-    """Run one case and check it. Returns a dict with the measurements and ``failures`` (list of str)."""
+def run_case(case: Case, kernel: KernelFn, device, reference: ReferenceFn = sm90_reference) -> Dict:
+    """Run one case and check it against ``reference`` (default :func:`sm90_reference`).
+
+    Returns a dict with the measurements and ``failures`` (list of str)."""
     t0 = time.perf_counter()
     (q, k, v), bases = make_inputs(case, device)
     before = [_bits(t).clone() for t in bases]

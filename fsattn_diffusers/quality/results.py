@@ -24,28 +24,24 @@ MEAN_ID = "mean"
 def jsonable(value):
     """JSON-safe copy for caches read back by :func:`from_json`: infinities and NaN become the strings
     ``"inf"``, ``"-inf"``, ``"nan"`` (the output files use :func:`json_numbers`)."""
-    if isinstance(value, float):
-        if math.isnan(value):
-            return "nan"
-        if math.isinf(value):
-            return "inf" if value > 0 else "-inf"
-        return value
-    if isinstance(value, dict):
-        return {k: jsonable(v) for k, v in value.items()}
-    if isinstance(value, (list, tuple)):
-        return [jsonable(v) for v in value]
-    return value
+    return _map_floats(value, lambda x: x if math.isfinite(x) else "nan" if math.isnan(x) else "inf" if x > 0
+                       else "-inf")
 
 
 def json_numbers(value):
     """Copy for the JSON output files: infinities and NaN become ``None`` (JSON ``null``), so every number
     field is a number or ``null`` (standard JSON; Python's ``Infinity`` is not)."""
-    if isinstance(value, float) and not math.isfinite(value):
-        return None
+    return _map_floats(value, lambda x: x if math.isfinite(x) else None)
+
+
+def _map_floats(value, fn):
+    """Copy of ``value`` (nested dicts, lists and tuples; tuples become lists) with ``fn`` applied to each float."""
+    if isinstance(value, float):
+        return fn(value)
     if isinstance(value, dict):
-        return {k: json_numbers(v) for k, v in value.items()}
+        return {k: _map_floats(v, fn) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [json_numbers(v) for v in value]
+        return [_map_floats(v, fn) for v in value]
     return value
 
 

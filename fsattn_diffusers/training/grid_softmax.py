@@ -46,42 +46,33 @@ sums to zero over each row; with ``DETACH`` it generally does not.
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass
 
 import torch
 
+from ..modes import Mode
 
-class EndsFeedback(enum.Enum):
+
+class EndsFeedback(Mode):
     """Whether gradients flow through the grid's ends (``lo``, ``hi``)."""
 
     KEEP = "keep"
     DETACH = "detach"
 
 
-class Calibration(enum.Enum):
+class Calibration(Mode):
     """Where the grid's ends come from."""
 
     MINMAX = "minmax"
     FIXED_WINDOW = "fixed_window"
 
 
-class Rounding(enum.Enum):
+class Rounding(Mode):
     """Forward rule and backward surrogate for putting scores on the grid."""
 
     LERP = "lerp"
     HARD_PRE = "hard_pre"
     HARD_POST = "hard_post"
-
-
-def _as_enum(value, cls: type[enum.Enum], name: str) -> enum.Enum:
-    if isinstance(value, cls):
-        return value
-    accepted = ", ".join(m.value for m in cls)
-    try:
-        return cls(value)
-    except ValueError:
-        raise ValueError(f"{name}={value!r} is not valid; accepted: {cls.__name__} members or {accepted}") from None
 
 
 @dataclass(frozen=True)
@@ -115,9 +106,9 @@ class GridSoftmaxConfig:
             raise ValueError(f"steps={self.steps!r} is not valid; accepted: an integer K >= 1")
         if not (isinstance(self.window, (int, float)) and 0.0 < float(self.window) < float("inf")):
             raise ValueError(f"window={self.window!r} is not valid; accepted: a finite number of nats > 0")
-        object.__setattr__(self, "calibration", _as_enum(self.calibration, Calibration, "calibration"))
-        object.__setattr__(self, "ends", _as_enum(self.ends, EndsFeedback, "ends"))
-        object.__setattr__(self, "rounding", _as_enum(self.rounding, Rounding, "rounding"))
+        object.__setattr__(self, "calibration", Calibration.parse(self.calibration, "calibration"))
+        object.__setattr__(self, "ends", EndsFeedback.parse(self.ends, "ends"))
+        object.__setattr__(self, "rounding", Rounding.parse(self.rounding, "rounding"))
 
     def label(self) -> str:
         """Short name, e.g. ``"K32 minmax lerp keep"``."""
@@ -175,7 +166,7 @@ def grid_ends(
     (lo, hi) : tuple of torch.Tensor
         Each of shape ``(..., 1)``. Rows without a valid position get ``lo = hi = 0``.
     """
-    calibration = _as_enum(calibration, Calibration, "calibration")
+    calibration = Calibration.parse(calibration, "calibration")
     valid = _check_scores(scores, mask)
     any_valid = valid.any(dim=-1, keepdim=True)
     neg_inf = torch.full_like(scores, float("-inf"))
@@ -226,7 +217,7 @@ def grid_softmax_with_ends(
         in-window position sums to 1. A row whose ends coincide (``hi == lo``) gives equal weights
         to its valid positions at ``hi``.
     """
-    rounding = _as_enum(rounding, Rounding, "rounding")
+    rounding = Rounding.parse(rounding, "rounding")
     if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
         raise ValueError(f"steps={steps!r} is not valid; accepted: an integer K >= 1")
     valid = _check_scores(scores, mask)
