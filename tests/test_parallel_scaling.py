@@ -9,7 +9,6 @@ replaced by torch's CPU flash SDPA on the CPU) and every other policy. ``sage`` 
 package that the spawned processes import when they import diffusers.
 """
 
-import json
 import math
 
 import pytest
@@ -17,22 +16,12 @@ import pytest
 import fake_sage
 from fsattn_diffusers.measure import cp_scaling as scaling
 from fsattn_diffusers.measure.scaling_policies import PolicyKind, expand_policies, policy_kind
+from scaling_run import POLICIES, PROJECTED, run_report
 from tolerances import SHARDED_COSINE_MIN
-
-#: What the default --policies measure (hybrid-int8-mxfp8 adds no recipe of its own: int8-bf16 and mxfp8).
-POLICIES = ["bf16", "mxfp8", "int8-bf16", "int8-bf16+exponential=exact", "sage"]
-PROJECTED = "hybrid-int8-mxfp8 (projected)"
-
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
-    out = tmp_path_factory.mktemp("scaling")
-    js, md = out / "scaling.json", out / "scaling.md"
-    with pytest.MonkeyPatch.context() as mp:
-        fake_sage.accept_in_diffusers(mp, fake_sage.install(mp, out / "sage", kind="2"))
-        assert scaling.main(["--tiny", "--device", "cpu", "--world", "2", "--backend", "emulator",
-                             "--json", str(js), "--md", str(md)]) == 0
-    return json.loads(js.read_text()), md.read_text()
+    return run_report(scaling.main, tmp_path_factory.mktemp("scaling"))
 
 
 def test_every_setting_and_policy_is_measured(report):

@@ -11,34 +11,23 @@ package the spawned processes import when xfuser checks for SageAttention. Skipp
 """
 
 import importlib.util
-import json
 import math
 
 import pytest
 
-import fake_sage
 from fsattn_diffusers.measure import cp_scaling as scaling
+from scaling_run import POLICIES, PROJECTED, run_report
 from tolerances import SHARDED_COSINE_MIN
 
 pytestmark = pytest.mark.skipif(any(importlib.util.find_spec(m) is None for m in ("xfuser", "yunchang", "distvae")),
                                 reason="needs xfuser 0.7, yunchang and distvae (pip install xfuser)")
-
-#: What the default --policies measure (hybrid-int8-mxfp8: int8-bf16 and mxfp8, projected).
-POLICIES = ["bf16", "mxfp8", "int8-bf16", "int8-bf16+exponential=exact", "sage"]
-PROJECTED = "hybrid-int8-mxfp8 (projected)"
 
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory):
     from fsattn_diffusers.measure import xdit_scaling
 
-    out = tmp_path_factory.mktemp("xdit_scaling")
-    js, md = out / "xdit.json", out / "xdit.md"
-    with pytest.MonkeyPatch.context() as mp:
-        fake_sage.accept_in_diffusers(mp, fake_sage.install(mp, out / "sage", kind="2"))
-        assert xdit_scaling.main(["--tiny", "--device", "cpu", "--world", "2", "--backend", "emulator",
-                                  "--json", str(js), "--md", str(md)]) == 0
-    return json.loads(js.read_text()), md.read_text()
+    return run_report(xdit_scaling.main, tmp_path_factory.mktemp("xdit_scaling"))
 
 
 def test_every_setting_and_policy_is_measured(report):

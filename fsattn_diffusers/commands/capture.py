@@ -41,7 +41,6 @@ def add_arguments(p) -> None:
 
 
 def _validate(args):
-    from ..backends import registered
     from ..quality.analysis import resolve_recipes
     from ..quality.cli_common import check_video_arguments
 
@@ -50,8 +49,6 @@ def _validate(args):
         raise UsageError(f"--rows {args.rows} must be >= 1")
     if args.save_worst < 0:
         raise UsageError(f"--save-worst {args.save_worst} must be >= 0")
-    if args.backend != "auto" and args.backend not in registered():
-        raise UsageError(f"unknown backend {args.backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
     try:
         recipes = resolve_recipes([r.strip() for r in args.recipes.split(",") if r.strip()])
     except ValueError as exc:

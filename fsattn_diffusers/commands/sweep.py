@@ -70,11 +70,6 @@ def _validate(args):
         raise UsageError(f"--every {args.every} must be >= 1")
     if args.grid_frames < 1:
         raise UsageError(f"--grid-frames {args.grid_frames} must be >= 1")
-    if args.backend != "auto":
-        from ..backends import registered
-
-        if args.backend not in registered():
-            raise UsageError(f"unknown backend {args.backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
     try:
         policies = parse_policies(args.policies or [",".join(DEFAULT_POLICIES)])
         need_skimage()

@@ -27,7 +27,7 @@ def add_video_arguments(p) -> None:
 
 
 def check_video_arguments(args, usage_error) -> None:
-    """Raise ``usage_error`` (one line) for a bad size, frame count or step count."""
+    """Raise ``usage_error`` (one line) for a bad size, frame count, step count or fsattn backend name."""
     for name in ("height", "width"):
         value = getattr(args, name)
         if value is not None and (value < SIZE_MULTIPLE or value % SIZE_MULTIPLE):
@@ -38,6 +38,12 @@ def check_video_arguments(args, usage_error) -> None:
                           f"try {low} or {low + TEMPORAL_STRIDE}")
     if args.steps is not None and args.steps < 1:
         raise usage_error(f"--steps {args.steps} must be >= 1")
+    backend = getattr(args, "backend", "auto")
+    if backend != "auto":
+        from ..backends import registered
+
+        if backend not in registered():
+            raise usage_error(f"unknown backend {backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
 
 
 def load_for_args(args, usage_error, command: str, backend: str):
