@@ -204,7 +204,7 @@ def test_fa3_on_a_cpu_machine_says_a_gpu_is_needed(capsys, tmp_path):
     rc = cli.main(["generate", "--policy", "fa3", "--out", str(tmp_path / "v.mp4")])
     err = capsys.readouterr().err.strip()
     assert rc == 2 and len(err.splitlines()) == 1
-    assert "needs an NVIDIA GPU" in err and "no CUDA device" in err and "pip install" not in err
+    assert "needs an NVIDIA Hopper GPU" in err and "no CUDA device" in err and "pip install" not in err
 
 
 def test_table4_says_how_its_setting_differs_from_the_papers(capsys):
