@@ -8,6 +8,7 @@ import torch
 import fsattn_diffusers
 from fsattn_diffusers.integration import WanFSAttnProcessor, self_attention_modules
 from fsattn_diffusers.integration.tiny import tiny_wan_transformer
+from fsattn_diffusers.notices import FSAttnWarning
 from tolerances import FP32_ACCUMULATED, MXFP8_MODEL_OUTPUT_ERR_MAX, RECIPE_ERR_MAX
 
 # Measured on this tiny transformer (seed fixed): attn1 output MXFP8 vs stock 2.2 %, transformer output
@@ -101,7 +102,8 @@ def test_remove_restores_stock(model_and_inputs):
     before = {name: proc for name, proc in model.attn_processors.items()}
     stock = _run(model, inputs)
     fsattn_diffusers.apply(model, policy="mxfp4", backend="emulator")
-    fsattn_diffusers.apply(model, policy="mxfp6", backend="emulator")  # re-apply replaces, keeps the originals
+    with pytest.warns(FSAttnWarning, match="replaces the installation of policy mxfp4"):
+        fsattn_diffusers.apply(model, policy="mxfp6", backend="emulator")  # re-apply replaces, keeps the originals
     assert fsattn_diffusers.remove(model) is True
     assert fsattn_diffusers.remove(model) is False
     after = model.attn_processors
