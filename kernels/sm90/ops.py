@@ -232,7 +232,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
             D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
             FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
             STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=key_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
-            DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset, num_warps=4)
+            DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset, O_PROMOTE=plan.o_promotion, num_warps=4)
     count_rollback_tiles(stats, tile_bits)
 
 

@@ -75,6 +75,8 @@ class KernelPlan:
     smooth_q_ratio2_bits: int = 0
     # the frozen reference raised by this many 1/128 doublings (Recipe.frozen_max_offset_log2 * 128)
     seed_offset_128: int = 0
+    # key tiles per fp32 promotion of O (Recipe.o_promotion_tiles; 0: never, O chained in the wgmma accumulator)
+    o_promotion: int = 1
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -183,6 +185,7 @@ def plan_for(recipe) -> KernelPlan:
         smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", q_smoothing_ratio2(recipe.smooth_q_min_ratio)))[0]
                               if recipe.smooth_q else 0),
         seed_offset_128=int(recipe.frozen_max_offset_log2 * FROZEN_MAX_OFFSET_GRID),
+        o_promotion=recipe.o_promotion_tiles or 0,
     )
 
 
