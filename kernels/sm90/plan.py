@@ -142,6 +142,9 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
         return f"p_scale_rule {recipe.p_scale_rule!r} for mxfp6 P (the Triton kernel uses floor)"
     if recipe.tile_n != 128:
         return f"tile_n {recipe.tile_n} (the Triton kernel's key tile is 128)"
+    if recipe.o_promotion_tiles != 1 and (not recipe.rollback or recipe.exponential == "rowmax_h15"):
+        return (f"o_promotion_tiles {recipe.o_promotion_tiles} without the gate or with Rowmax-H15 (these run the "
+                f"triton kernel, which promotes O every key tile; the gluon_pingpong kernel takes any interval)")
     return None
 
 
