@@ -204,6 +204,3 @@ INT8_FP8_LSE_NATS = 0.05
 FP8_CHANNEL_SCALED_ATOL = 1e-7
 #: O chained on the FP8 tensor cores without the fp32 promotion moves a sharp-row output by less than this.
 PROMOTION_MOVE_MAX = 0.05
-#: O's fp32 promotion every n key tiles against every tile: the error against exact moves by at most 0.3% of itself
-#: (issue 51's bar; numerics_accumulation's model: +0.26% at interval 2 on clustered rows at 32768 keys).
-PROMOTED_VS_EVERY_TILE = 3e-3

@@ -476,6 +476,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     DIAGONAL : ``Recipe.key_order == "diagonal"``: query tile ``pid_m`` visits the key tiles from
         ``floor(pid_m * n_tiles / (SQP / 128))`` on (``n_tiles`` those holding valid keys), else from tile 0.
     M_OFFSET : doublings added to the frozen reference (``Recipe.frozen_max_offset_log2``, a multiple of 1/128).
+    O_PROMOTE : key tiles per fp32 promotion of O (``Recipe.o_promotion_tiles``; 0: never), :func:`_issue_pv`.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
