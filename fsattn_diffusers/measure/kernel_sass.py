@@ -156,6 +156,9 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_paper": (compile_gluon, dict(recipe="mxfp8-paper")),
     "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
+    # O's fp32 promotion every 2 key tiles, and never (O chained in the wgmma accumulator: Recipe.o_promotion_tiles)
+    "gluon_pingpong_promote2": (compile_gluon, dict(O_PROMOTE=2)),
+    "gluon_pingpong_chained": (compile_gluon, dict(O_PROMOTE=0)),
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
     "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", KEY_TERM=True)),
     "gluon_pingpong_smooth_q_sel": (compile_gluon, dict(recipe="mxfp8", KEY_TERM=True, TERM_SEL=True)),
