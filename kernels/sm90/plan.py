@@ -153,6 +153,8 @@ def _int8_unsupported(recipe) -> Optional[str]:
     if (recipe.p_format, recipe.v_format) != ("bf16", "bf16"):
         return (f"int8 Q/K with p_format {recipe.p_format!r}, v_format {recipe.v_format!r} (the INT8 kernel takes "
                 f"bf16 P and V)")
+    if recipe.key_order != "natural":
+        return f"int8 Q/K with key_order {recipe.key_order!r} (the INT8 kernel visits the key tiles in natural order)"
     if recipe.exponential not in INT8_EXPONENTIALS or recipe.proxy != "u16" or not recipe.frozen_max:
         return (f"int8 Q/K with exponential {recipe.exponential}/{recipe.proxy}, frozen_max {recipe.frozen_max} (the "
                 f"INT8 kernel takes {', '.join(INT8_EXPONENTIALS)} with the U16 proxy and the frozen maximum)")
