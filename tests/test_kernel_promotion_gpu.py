@@ -17,7 +17,7 @@ from kernel_device import CPU_INTERPRET, DEV, poison_allocator, rel, skip_module
 skip_module_without_sm90()
 pytest.importorskip("triton")
 
-from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from kernel_device import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.kernels.sm90.ops import fused_attention  # noqa: E402
 from fsattn_diffusers.kernels.sm90.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
