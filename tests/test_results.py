@@ -114,3 +114,18 @@ def test_the_pick_line_names_a_recipe_for_both_only_when_it_meets_sageattention_
     assert "for speed **mxfp8**" in none and "for quality **int8-bf16**" in none
     assert "for both (at least SageAttention 2's speed at no more than its error, every shape) none" in none
     assert "every shape) **int8-bf16** (1.010x-1.020x SageAttention 2, error 2.00%)" in some
+
+
+def test_commit_outside_git_comes_from_the_environment(monkeypatch):
+    """A copy without .git (the device's) records the commit its caller sent in FSATTN_COMMIT, else None."""
+    import subprocess
+
+    def no_git(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 128, "", "fatal: not a git repository")
+
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
+    assert provenance.commit() is None
+    monkeypatch.setenv(provenance.COMMIT_ENV, "abc1234")
+    assert provenance.commit() == "abc1234"
+    assert provenance.header()["commit"] == "abc1234"

@@ -27,19 +27,25 @@ from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 BASELINE = "baseline"
 
 
+#: Where a copy of the repository without its ``.git`` (the device machine's) learns its commit: the device scripts'
+#: caller sets it to ``git rev-parse --short HEAD`` of the tree it sent.
+COMMIT_ENV = "FSATTN_COMMIT"
+
+
 def commit() -> Optional[str]:
-    """The short commit of the checkout this package runs from, ``+dirty`` when its tracked files differ; None
-    outside a git checkout."""
+    """The short commit of the checkout this package runs from, ``+dirty`` when its tracked files differ; outside a
+    git checkout, :data:`COMMIT_ENV` when set (the device's copy), else None."""
+    sent = os.environ.get(COMMIT_ENV, "").strip() or None
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10)
         if head.returncode:
-            return None
+            return sent
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return sent
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
