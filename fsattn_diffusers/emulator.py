@@ -163,7 +163,8 @@ def _attend_rows(qo, ko, vo, valid, post, num: MI355XNumerics, stats, bias, kept
 def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
                       return_lse: bool = False, return_stats: bool = False, q_lens: Optional[torch.Tensor] = None
                       ) -> Tuple[torch.Tensor, Optional[torch.Tensor], Optional[Dict]]:
-    """Reference Fused-Softmax attention under ``recipe.numerics`` (``mi355x`` or ``sm90``).
+    """Reference Fused-Softmax attention under ``recipe.numerics`` (a :class:`~fsattn_diffusers.recipe.Numerics`; a
+    backend's own numerics: :func:`fsattn_diffusers.backends.reference_attention`).
 
     Parameters
     ----------
@@ -210,15 +211,3 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
         return out, lse, stats
     return out, lse, None
 
-
-def sm90_reference_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
-                             q_lens: Optional[torch.Tensor] = None
-                             ) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, int]]:
-    """What the sm_90 kernel computes, in PyTorch: ``(out (B, H, S_q, D) in q's dtype, lse, stats)``.
-
-    q : (B, H, S_q, D); k, v : (B, H, S_k, D); any device. Only the kernel's recipes (MX Q/K,
-    Schraudolph U16, frozen max) are accepted. This is the emulator's shared tiled loop with
-    :class:`fsattn_diffusers.numerics.SM90Numerics` (``Recipe.numerics = "sm90"``).
-    """
-    return emulate_attention(q, k, v, recipe.replace(numerics="sm90"), scale=scale, kv_lens=kv_lens,
-                             return_lse=True, return_stats=True, q_lens=q_lens)

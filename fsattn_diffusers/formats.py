@@ -157,7 +157,8 @@ class PFormat(_OperandFormat):
     The layers: :func:`fsattn_diffusers.operands.stage_b` quantizes by :attr:`element`, :meth:`keys_per_scale` and
     :attr:`default_scale_rule` (the ``mi355x`` numerics); on Hopper the scale is a fixed power of two per row
     (the Hopper numerics' ``P_SIGMA``, by format: ``FP8_ROW`` and ``MXFP6`` only) and their ``stage_b``
-    carries MXFP6 P in E4M3; ``kernels.sm90.plan`` turns the format into the kernels' MXFP6-P switch.
+    carries MXFP6 P in E4M3; the Hopper kernels' plan (``plan`` of their kernel package) turns the format into their
+    MXFP6-P switch.
     """
 
     FP32 = "fp32"

@@ -2,7 +2,8 @@
 
 Hopper has FP8 E4M3 tensor cores and no MX instructions, so the kernel (``kernels/``) carries every
 operand in E4M3 and keeps the softmax's scales as powers of two it can fold into one FMA. The
-differences, each reproduced by :func:`fsattn_diffusers.emulator.sm90_reference_attention`:
+differences, each reproduced by the emulator in these numerics (for the kernels' backend:
+:func:`fsattn_diffusers.backends.reference_attention` with ``"triton"``):
 
 1. **Operand carry.** MX values (``elem * 2^s_b``) are held as ``E4M3(elem * 2^(s_b - R + t0)) * 2^(R - t0)``
    with ``R`` the largest block exponent of a group: a 128-row query tile (Q), a 128-key tile (K), a V

@@ -3,7 +3,8 @@
 * :func:`exact_attention` — softmax attention in float64 (or float32), chunked over query rows so
   large shapes fit in memory; returns the output and the natural-log LSE.
 * :func:`relative_error` — the global relative error ``||out - ref||_F / ||ref||_F`` (the paper's
-  measure); :func:`error_and_cosine` gives it with the cosine.
+  measure; never NaN: an all-zero ``ref`` counts as norm :data:`REF_NORM_FLOOR`); :func:`error_and_cosine` gives it
+  with the cosine.
 * :func:`cosine` — cosine similarity of the flattened tensors.
 * :func:`within_kernel_rule` — the rule a kernel meets against its own reference numerics (both errors against exact
   attention): ``|err_kernel - err_reference| <= KERNEL_ERR_ATOL + KERNEL_ERR_REL * err_reference``; with
@@ -116,17 +117,22 @@ def exact_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Op
     return out, lse
 
 
-def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):
-    """Global relative Frobenius error and flattened cosine similarity (float64, on ``ref``'s device)."""
-    o, r = out.to(ref.device).double().flatten(), ref.double().flatten()
-    err = ((o - r).norm() / r.norm()).item()
-    cos = torch.nn.functional.cosine_similarity(o, r, dim=0).item()
-    return err, cos
+#: :func:`relative_error` divides by at least this norm: an all-zero ``ref`` gives 0 for an all-zero ``out`` and a
+#: huge finite error otherwise, never NaN.
+REF_NORM_FLOOR = 1e-30
 
 
 def relative_error(out: torch.Tensor, ref: torch.Tensor) -> float:
-    """Global relative error ``||out - ref||_F / ||ref||_F`` in float64 (paper Table 4's measure)."""
-    return error_and_cosine(out, ref)[0]
+    """Global relative error ``||out - ref||_F / ||ref||_F`` in float64 (paper Table 4's measure), on ``ref``'s device;
+    ``||ref||_F`` is taken as at least :data:`REF_NORM_FLOOR`."""
+    o, r = out.to(ref.device).double(), ref.double()
+    return float((o - r).norm() / r.norm().clamp_min(REF_NORM_FLOOR))
+
+
+def error_and_cosine(out: torch.Tensor, ref: torch.Tensor):
+    """:func:`relative_error` and the flattened cosine similarity (float64, on ``ref``'s device)."""
+    o, r = out.to(ref.device).double().flatten(), ref.double().flatten()
+    return relative_error(o, r), torch.nn.functional.cosine_similarity(o, r, dim=0).item()
 
 
 def cosine(out: torch.Tensor, ref: torch.Tensor) -> float:

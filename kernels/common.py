@@ -19,6 +19,8 @@ RNE_MAGIC = tl.constexpr(12582912.0)
 E2M1_MAGIC = tl.constexpr(6291456.0)
 # 2^-6: E2M3's grid times it is E4M3's from E4M3's subnormals up (the pre-pass's round_e2m3_scaled).
 E2M3_TO_E4M3 = tl.constexpr(0.015625)
+# E2M3's largest value 7.5 on that scaled grid (7.5 * 2^-6): the clamp that saturates as E2M3 does.
+E2M3_MAX_SCALED = tl.constexpr(0.1171875)
 
 
 @triton.jit

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Accuracy on one H200 against float64 exact attention: the paper's Table 4, the structured-input suite, and
-# the kernel-vs-sm90-reference diagnosis on the attention-sink family.
+# the kernel-vs-reference diagnosis (the kernels' own numerics in PyTorch) on the attention-sink family.
 #   OUT=$OUT bash scripts/accuracy_h200.sh [table4|structured|sink|all ...] [-- flags for the one part's command]
 # Parts (about):
 #   table4      one full-shape emulator call (time, peak memory), then fsattn accuracy --table 4 at (1, 24, 32768, 128),
@@ -9,8 +9,9 @@
 #               the Triton kernels, with FlashAttention-3 BF16/FP8 when fa3-fwd and einops are carried in .whl
 #               -> structured_accuracy_h200.{json,md,txt}, ~2-3 min; e.g. `structured -- --recipes mxfp8,mxfp6`.
 #               JSON and markdown are rewritten after every case, so a run cut by LIMIT keeps the cases done.
-#   sink        per family (attention_sink at S 8192 and 2048, locality, gaussian): the sm90 reference's error and each
-#               kernel's (gluon_pingpong, triton) error and distance to that reference -> sink_diagnosis_h200.txt, ~1 min
+#   sink        per family (attention_sink at S 8192 and 2048, locality, gaussian): the kernels' reference's error and
+#               each kernel's (gluon_pingpong, triton) error and distance to that reference -> sink_diagnosis_h200.txt,
+#               ~1 min
 PARTS_ALL="table4 structured sink"
 source "$(dirname "$0")/device_env.sh"
 
@@ -34,13 +35,14 @@ sink_diagnosis() {  # one process per kernel variant: the variant is read when t
     FSATTN_KERNEL_VARIANT=$variant timeout 200 python3 - "$variant" <<'PY' || return $?
 import sys, torch
 import fsattn_diffusers as fa
-from fsattn_diffusers import sm90_numerics
+from fsattn_diffusers.backends import reference_attention
+from fsattn_diffusers.measure import KERNEL_BACKEND
 from fsattn_diffusers.recipe import PRESETS
 from fsattn_diffusers.measure.structured_inputs import FAMILIES
 from fsattn_diffusers.testing import exact_attention, relative_error
 
 variant = sys.argv[1]
-print(f"# {variant}: relative error % vs float64 exact attention; (vs ref X): kernel vs the sm90 PyTorch reference, %")
+print(f"# {variant}: relative error % vs float64 exact attention; (vs ref X): kernel vs its PyTorch reference, %")
 recipes = ("mxfp8",) if variant == "gluon_pingpong" else ("mxfp8", "mxfp6")  # the Gluon kernel runs mxfp8 only
 for family, s in (("attention_sink", 8192), ("attention_sink", 2048), ("locality", 8192), ("gaussian", 8192)):
     q, k, v = FAMILIES[family](1, 8, s, 128, torch.bfloat16, "cuda", 0)
@@ -48,9 +50,9 @@ for family, s in (("attention_sink", 8192), ("attention_sink", 2048), ("locality
     exact, _ = exact_attention(q, k, v, scale)
     cells = []
     for name in recipes:
-        ref, _, _ = sm90_numerics.reference_attention(q, k, v, PRESETS[name], scale=scale)
-        out = fa.attention(q, k, v, name, layout="bhsd", scale=scale, backend="triton")
-        cells.append(f"{name}: sm90-ref {100 * relative_error(ref, exact):.2f}, {variant} "
+        ref, _, _ = reference_attention(KERNEL_BACKEND, q, k, v, PRESETS[name], scale=scale)
+        out = fa.attention(q, k, v, name, layout="bhsd", scale=scale, backend=KERNEL_BACKEND)
+        cells.append(f"{name}: ref {100 * relative_error(ref, exact):.2f}, {variant} "
                      f"{100 * relative_error(out, exact):.2f} (vs ref {100 * relative_error(out, ref):.2f})")
     print(f"{family} S={s} | " + " | ".join(cells), flush=True)
 PY

@@ -28,6 +28,11 @@ fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # absolute: the cd below must not move it
 export OUT
+# The device's copy has no .git: result files take their commit from FSATTN_COMMIT (measure.provenance.COMMIT_ENV),
+# which the caller writes into the command: FSATTN_COMMIT=<git rev-parse --short HEAD of the tree sent> OUT=$OUT ...
+if [[ -z ${FSATTN_COMMIT:-} && ! -e .git ]]; then
+  echo "$(basename "$0"): FSATTN_COMMIT is not set; result files will record no commit" >&2
+fi
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Once per machine and set of wheels, under a lock: two scripts started side by side both ran `pip --upgrade` into
@@ -60,26 +65,36 @@ printf '#!/bin/sh\nexec python3 -m fsattn_diffusers "$@"\n' > /tmp/fsattn_bin/fs
 chmod +x /tmp/fsattn_bin/fsattn
 export PATH=/tmp/fsattn_bin:$PATH
 
-# SageAttention 2 as a baseline: when the folder of ../shared/baselines/sageattention is carried as .sage/, build it
-# once per machine (~85 s, under a lock) into /tmp/sage and put it on PYTHONPATH (the sage columns and policy).
-if [[ -f .sage/build_sm90.sh && ${SAGE_BUILD:-1} == 1 ]]; then
-  (
-    command -v flock >/dev/null && flock 9
-    [[ -e /tmp/sage/sageattention/__init__.py ]] || bash .sage/build_sm90.sh /tmp/sage > /tmp/sage_build.log 2>&1 ||
-      { echo "device_env.sh: the SageAttention 2 build failed (/tmp/sage_build.log):" >&2; tail -5 /tmp/sage_build.log >&2; }
-  ) 9>/tmp/fsattn-sage.lock
-  [[ -e /tmp/sage/sageattention/__init__.py ]] && export PYTHONPATH=/tmp/sage:$PYTHONPATH
-fi
-
 python3 - "$PWD" <<'PY' || { echo "device_env.sh: the package is not importable from $PWD (see above)" >&2; exit 1; }
-import os, sys
+import importlib, os, sys
 if sys.version_info < (3, 11):
     sys.exit(f"Python {sys.version.split()[0]}: PYTHONSAFEPATH needs >= 3.11 (else the repository shadows the package)")
-import fsattn_diffusers.kernels.sm90.plan as plan
-where = os.path.realpath(plan.__file__)
-if not where.startswith(os.path.join(sys.argv[1], "kernels") + os.sep):
-    sys.exit(f"fsattn_diffusers.kernels resolves to {where}, not {sys.argv[1]}/kernels")
+from fsattn_diffusers.backends import registered
+# the kernels and every backend's own kernel package resolve to this checkout's kernels/
+for name in ["fsattn_diffusers.kernels"] + [b.kernels for b in registered().values() if b.kernels]:
+    where = os.path.realpath(importlib.import_module(name).__file__)
+    if not where.startswith(os.path.join(sys.argv[1], "kernels") + os.sep):
+        sys.exit(f"{name} resolves to {where}, not {sys.argv[1]}/kernels")
 PY
+
+# SageAttention 2 as a baseline: when the folder of ../shared/baselines/sageattention is carried as .sage/, build it
+# once per machine (~85 s, under a lock) into /tmp/sage with its Hopper build script (integration/sage.py's
+# BUILD_SCRIPT) and put it on PYTHONPATH (the sage columns and policy).
+if [[ -d .sage && ${SAGE_BUILD:-1} == 1 ]]; then
+  sage_build=.sage/$(python3 -c 'from fsattn_diffusers.integration.sage import BUILD_SCRIPT; print(BUILD_SCRIPT)')
+  if [[ -f $sage_build ]]; then
+    (
+      command -v flock >/dev/null && flock 9
+      [[ -e /tmp/sage/sageattention/__init__.py ]] || bash "$sage_build" /tmp/sage > /tmp/sage_build.log 2>&1 || {
+        echo "device_env.sh: the SageAttention 2 build failed (/tmp/sage_build.log):" >&2
+        tail -5 /tmp/sage_build.log >&2
+      }
+    ) 9>/tmp/fsattn-sage.lock
+    [[ -e /tmp/sage/sageattention/__init__.py ]] && export PYTHONPATH=/tmp/sage:$PYTHONPATH
+  else
+    echo "device_env.sh: $sage_build is absent; SageAttention 2 is not built" >&2
+  fi
+fi
 
 {
   echo "== $(basename "$0") $* ($(date -u '+%Y-%m-%d %H:%M:%S UTC'))"

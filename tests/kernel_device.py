@@ -1,12 +1,17 @@
 """Where the kernel tests run: a CUDA GPU of sm_90 or newer, or (``FSATTN_KERNEL_TEST_CPU=1`` with
 ``TRITON_INTERPRET=1``) Triton's interpreter on the CPU; the seeded inputs they share (:func:`make`), the relative
-error they report (:func:`rel`) and one kernel call on its pre-pass's operands (:func:`kernel_on_operands`)."""
+error they report (:func:`rel`), the kernels' PyTorch reference (:func:`sm90_reference_attention`) and one kernel call
+on its pre-pass's operands (:func:`kernel_on_operands`)."""
 
+import functools
 import math
 import os
 
 import pytest
 import torch
+
+from fsattn_diffusers.backends import reference_attention
+from fsattn_diffusers.testing import relative_error as rel  # noqa: F401 (the error the kernel tests report)
 
 CPU_INTERPRET = os.environ.get("FSATTN_KERNEL_TEST_CPU") == "1" and os.environ.get("TRITON_INTERPRET") == "1"
 DEV = "cpu" if CPU_INTERPRET else "cuda"
@@ -38,9 +43,8 @@ def make(b, h, s_q, s_k, d, layout, seed=0, dtype=torch.bfloat16, spiky=False):
     return q, k, v
 
 
-def rel(x, ref) -> float:
-    """``||x - ref||_F / ||ref||_F`` in float64."""
-    return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
+#: What the Hopper kernels compute, in PyTorch: ``(out, lse, stats)`` of the ``triton`` backend's numerics.
+sm90_reference_attention = functools.partial(reference_attention, "triton")
 
 
 def poison_allocator(nbytes=64 << 20) -> None:

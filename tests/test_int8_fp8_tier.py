@@ -7,15 +7,16 @@ import math
 import pytest
 import torch
 
-from fsattn_diffusers.emulator import emulate_attention, sm90_reference_attention
+from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.formats import E4M3, VFormat, fake_quantize_fp8_channel
-from fsattn_diffusers.measure.sage2_model import _k_groups, _q_groups, sage2_sm90_attention
+from fsattn_diffusers.measure.sage2_model import _k_groups, _q_groups, sage2_hopper_attention
 from fsattn_diffusers.measure.structured_inputs import FAMILIES
 from fsattn_diffusers.numerics import SM90Int8Numerics, numerics_for
 from fsattn_diffusers.numerics_accumulation import FP8_MMA_ACC_MANT_BITS, fp8_chained_mma, promotes_after
 from fsattn_diffusers.recipe import INT8_FP8, PRESETS, get_recipe
 from fsattn_diffusers.sm90_numerics import D_BITS_F16, P_SIGMA
 from fsattn_diffusers.testing import exact_attention, relative_error
+from kernel_device import sm90_reference_attention
 from tolerances import (FP8_CHANNEL_SCALED_ATOL, INT8_FP8_AWKWARD_ERR_MAX, INT8_FP8_ERR_MAX, INT8_FP8_LSE_NATS,
                         INT8_FP8_OVER_SAGE2_MODEL_MAX, PROMOTION_MOVE_MAX)
 
@@ -105,7 +106,7 @@ def test_error_against_exact_and_against_the_sage2_model(family):
     sc = 64 ** -0.5
     ex = exact_attention(q, k, v, sc)[0]
     err = relative_error(sm90_reference_attention(q, k, v, PRESETS[INT8_FP8], scale=sc)[0], ex)
-    err_sage = relative_error(sage2_sm90_attention(q, k, v, scale=sc), ex)
+    err_sage = relative_error(sage2_hopper_attention(q, k, v, scale=sc), ex)
     print(f"{family}: int8-fp8 {err:.4f} sage2 model {err_sage:.4f}")
     assert err < INT8_FP8_ERR_MAX and err <= INT8_FP8_OVER_SAGE2_MODEL_MAX * err_sage
 

@@ -137,3 +137,39 @@ def test_the_int8_kernel_settings_travel_as_a_string_that_torch_compile_builds_i
     recipe = get_recipe("int8-bf16")
     explained = torch._dynamo.explain(lambda x: x * len(settings_key(recipe)))(torch.ones(3))
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
+
+
+@pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6", "mxfp4"])
+def test_the_mx_pre_pass_compiles_for_sm90a_in_its_gpu_configuration(recipe):
+    """The GPU-only branches of the MX pre-pass (hardware casts, the fast element roundings) compile: the interpreter
+    runs the other branches, so a name those branches alone use would otherwise first fail on the device."""
+    import triton
+    from triton.compiler import ASTSource
+
+    from fsattn_diffusers.kernels.sm90 import prepass
+    from fsattn_diffusers.kernels.sm90.plan import ELEM, plan_for
+    from fsattn_diffusers.recipe import get_recipe
+
+    plan = plan_for(get_recipe(recipe))
+    qk = dict(zip(("MBITS", "EMIN", "MAXV", "EMAX"), ELEM[plan.qk_fmt]))
+    v = dict(zip(("MBITS", "EMIN", "MAXV", "EMAX"), ELEM[plan.v_fmt]))
+    types = dict(kernel_sass.TYPES, X="*bf16", V="*bf16", OUT="*fp8e4nv", OUTE="*i32", HM="*bf16", AMAX="*fp32",
+                 MEAN="*fp32", QMEAN="*fp32", QFLOOR="*i32", QSEL="*i32", sxb="i32", sxh="i32", sxs="i32", sxd="i32",
+                 svb="i32", svh="i32", svs="i32", svd="i32", S="i32", SP="i32", N_TILES="i32", rsqrt_d="fp32",
+                 mult="fp32", bias_mult="fp32")
+    configs = [
+        (prepass._qk_prepass_kernel, prepass.QK_WARPS,
+         dict(D=128, BS=prepass.ROWS, HAD=plan.hadamard, ROUND_TWICE=plan.qk_fmt == 0, RULE=plan.qk_rule,
+              T0=plan.qk_t0, TILE_REF=True, DOT_F32=False, NAN_PAD=True, HAS_KVL=True, HW_CVT=True,
+              FAST_ELEM=prepass.FAST_ELEM_ROUNDING, HAS_FLAGS=True, **qk)),
+        (prepass._v_quant_kernel, prepass.V_WARPS,
+         dict(D=128, BS=prepass.KEY_TILE, MX=plan.v_mx, HAS_KVL=True, RULE=plan.v_rule, T0=plan.v_t0, PERM_V=True,
+              HW_CVT=True, FAST_ELEM=prepass.FAST_ELEM_ROUNDING, **v)),
+    ]
+    for fn, warps, const in configs:
+        sig, constexprs, attrs = kernel_sass._signature(fn, types, const)
+        compiled = triton.compile(ASTSource(fn=fn, signature=sig, constexprs=constexprs, attrs=attrs),
+                                  target=kernel_sass.TARGET, options={"num_warps": warps})
+        regs, spills = kernel_sass.register_use(compiled)
+        print(f"{recipe} {fn.__name__}: registers {regs}, spill-store bytes {spills}")
+        assert regs and max(regs) <= 255

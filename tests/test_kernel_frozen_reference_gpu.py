@@ -14,7 +14,7 @@ skip_module_without_sm90()
 pytest.importorskip("triton")
 from tile_patterns import patterned_tiles  # noqa: E402
 
-from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from kernel_device import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.measure.kernel_fuzz import LSE_REF_MAX  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS, get_recipe  # noqa: E402

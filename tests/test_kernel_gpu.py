@@ -5,7 +5,7 @@ Tolerance rule (stated once in :mod:`fsattn_diffusers.testing`, with its derivat
 
     |err(kernel) - err(sm90 reference)| <= 5e-4 + 0.02 * err(sm90 reference),
 
-where the sm90 reference (:func:`fsattn_diffusers.emulator.sm90_reference_attention`) computes in
+where the sm90 reference (:func:`fsattn_diffusers.backends.reference_attention` of the ``triton`` backend) computes in
 PyTorch what the kernel computes; and the kernel stays within KERNEL_REF_MAX (2e-2) relative of that reference
 (the score GEMM's FP8 tensor-core accumulation is not modeled). Every test prints its numbers before
 asserting. Skipped without CUDA; ``FSATTN_KERNEL_TEST_CPU=1`` with ``TRITON_INTERPRET=1`` runs the same
@@ -26,7 +26,7 @@ import triton.language as tl  # noqa: E402
 
 import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers import sm90_numerics  # noqa: E402
-from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from kernel_device import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.emulator import emulate_attention  # noqa: E402
 from fsattn_diffusers.recipe import PRESETS, get_recipe  # noqa: E402
 from fsattn_diffusers.smoothing import smooth_inputs  # noqa: E402

@@ -19,7 +19,7 @@ pytest.importorskip("triton")
 
 import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers.backends import LAST_RAN  # noqa: E402
-from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from kernel_device import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
 from fsattn_diffusers.recipe import INT8_BF16, get_recipe  # noqa: E402
 from fsattn_diffusers.testing import (INT8_KERNEL_REF_MAX, INT8_LSE_MAX, exact_attention, relative_error,  # noqa: E402

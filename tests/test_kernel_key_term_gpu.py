@@ -21,7 +21,7 @@ skip_module_without_sm90()
 pytest.importorskip("triton")
 
 from fsattn_diffusers import sm90_numerics  # noqa: E402
-from fsattn_diffusers.emulator import sm90_reference_attention  # noqa: E402
+from kernel_device import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.kernels.sm90.ops import prepass  # noqa: E402
 from fsattn_diffusers.kernels.sm90.plan import plan_for  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402

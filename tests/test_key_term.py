@@ -6,11 +6,12 @@ import pytest
 import torch
 
 from fsattn_diffusers import sm90_numerics as sm90
-from fsattn_diffusers.emulator import emulate_attention, sm90_reference_attention
+from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.formats import E4M3, round_to_elem
 from fsattn_diffusers.measure.structured_inputs import FAMILIES
 from fsattn_diffusers.recipe import get_recipe
 from fsattn_diffusers.testing import exact_attention, relative_error
+from kernel_device import sm90_reference_attention
 from tile_patterns import query_tile_far_above
 from tolerances import KEY_TERM_ERR_FLOOR, KEY_TERM_ERR_RATIO, KEY_TERM_SMALL_SLICE_ERR
 

@@ -99,3 +99,33 @@ def test_numerics_md_states_what_is_computed_not_what_was_measured():
     for link in re.findall(r"benchmarks/results/([\w./{},-]+)", text):
         for name in re.sub(r"\{([^}]*)\}", lambda m: m.group(1).split(",")[0], link).split():
             assert os.path.exists(os.path.join(ROOT, "benchmarks", "results", name.rstrip(".;"))), link
+
+
+def test_the_pick_line_names_a_recipe_for_both_only_when_it_meets_sageattention_at_every_shape():
+    from fsattn_diffusers.measure.results_tables import _pick_line
+
+    def shape(fast_x, fast_err, acc_x, acc_err):
+        return {"sageattention": {"rel_err": 0.04}, "mxfp8": {"speedup_vs_sage": fast_x, "rel_err": fast_err},
+                "int8-bf16": {"speedup_vs_sage": acc_x, "rel_err": acc_err}}
+
+    none = " ".join(_pick_line({(1,): shape(1.1, 0.05, 0.95, 0.02), (2,): shape(1.2, 0.05, 1.01, 0.02)}))
+    some = " ".join(_pick_line({(1,): shape(1.1, 0.05, 1.02, 0.02), (2,): shape(1.2, 0.05, 1.01, 0.02)}))
+    print(none, some, sep="\n")
+    assert "for speed **mxfp8**" in none and "for quality **int8-bf16**" in none
+    assert "for both (at least SageAttention 2's speed at no more than its error, every shape) none" in none
+    assert "every shape) **int8-bf16** (1.010x-1.020x SageAttention 2, error 2.00%)" in some
+
+
+def test_commit_outside_git_comes_from_the_environment(monkeypatch):
+    """A copy without .git (the device's) records the commit its caller sent in FSATTN_COMMIT, else None."""
+    import subprocess
+
+    def no_git(*args, **kwargs):
+        return subprocess.CompletedProcess(args, 128, "", "fatal: not a git repository")
+
+    monkeypatch.setattr(provenance.subprocess, "run", no_git)
+    monkeypatch.delenv(provenance.COMMIT_ENV, raising=False)
+    assert provenance.commit() is None
+    monkeypatch.setenv(provenance.COMMIT_ENV, "abc1234")
+    assert provenance.commit() == "abc1234"
+    assert provenance.header()["commit"] == "abc1234"

@@ -65,7 +65,7 @@ def test_missing_package_is_one_line_with_how_to_install(monkeypatch):
     why = sb.sage_missing()
     print(why)
     assert sb.sage_identity() is None and "\n" not in why
-    assert "pip install sageattention (1.0.6, Triton) or build SageAttention 2 from source for sm90" in why
+    assert "pip install sageattention (1.0.6, Triton) or build SageAttention 2 from source for Hopper" in why
     assert "needs an NVIDIA GPU" in why
     try:
         sb.require_sage("the sage policy")

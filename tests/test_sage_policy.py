@@ -81,7 +81,7 @@ def test_sage_missing_is_one_line(monkeypatch):
     msg = str(info.value)
     print(msg)
     assert "\n" not in msg and msg.startswith("the sage policy needs SageAttention: sageattention is not importable")
-    assert "pip install sageattention (1.0.6, Triton) or build SageAttention 2 from source for sm90" in msg
+    assert "pip install sageattention (1.0.6, Triton) or build SageAttention 2 from source for Hopper" in msg
     model = _wan()
     with pytest.raises(ValueError, match="needs SageAttention"):
         fsattn_diffusers.apply(model, policy="sage")

@@ -4,10 +4,11 @@ import pytest
 import torch
 
 from fsattn_diffusers import sm90_numerics
-from fsattn_diffusers.emulator import emulate_attention, sm90_reference_attention
+from fsattn_diffusers.emulator import emulate_attention
 from fsattn_diffusers.kernels.sm90.plan import plan_for, unsupported_reason
 from fsattn_diffusers.recipe import PRESETS, get_recipe
 from fsattn_diffusers.testing import exact_attention, relative_error, within_kernel_rule
+from kernel_device import sm90_reference_attention
 from tolerances import (FP32_BLOCK_SUM_FLOOR, FP32_BLOCK_SUM_REL, H15_MI355X_ERR, SM90_VS_MI355X_ERR,
                         SM90_VS_MI355X_LSE, SM90_VS_MI355X_OUT)
 

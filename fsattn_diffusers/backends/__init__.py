@@ -4,8 +4,9 @@ Every backend takes one :class:`~.contract.AttentionRequest` and returns one :cl
 (:mod:`.contract`); each backend module registers itself (:mod:`.registry`) with the devices it takes, why it refuses
 a call, its speed class and the numerics it computes. :func:`run_checked` is the one place that handles non-finite
 inputs (NUMERICS.md section 8) around whichever backend runs. :func:`computed_numerics` says what a backend computes
-for a recipe, :data:`LAST_RAN` which backend ran a recipe last in this process (for the result files' records), and
-:func:`fast_path` which backend ``"auto"`` would pick on a device and at what speed class.
+for a recipe, :func:`reference_attention` the same numerics in PyTorch (a kernel's reference), :data:`LAST_RAN` which
+backend ran a recipe last in this process (for the result files' records), and :func:`fast_path` which backend
+``"auto"`` would pick on a device and at what speed class.
 """
 
 from __future__ import annotations
@@ -17,6 +18,7 @@ from typing import Callable, Dict, List, Optional, Tuple
 import torch
 
 from .. import nonfinite
+from ..emulator import emulate_attention
 from .contract import AttentionRequest, AttentionResult, Speed, SpeedClass  # noqa: F401 (the public contract)
 from .registry import (_REGISTRY, _WARNED, Backend, CudaCapability, forget_devices,  # noqa: F401 (public table)
                        register_backend, unregister_backend, warn_once)
@@ -31,6 +33,32 @@ def computed_numerics(backend: str, recipe) -> str:
     """The numerics ``backend`` computes for ``recipe``: its fixed ones (``Backend.computes``) or the recipe's."""
     fixed = registered()[backend].computes
     return str(fixed) if fixed is not None else recipe.numerics
+
+
+def reference_attention(backend: str, q, k, v, recipe, *, scale: float, kv_lens: Optional[torch.Tensor] = None,
+                        q_lens: Optional[torch.Tensor] = None) -> Tuple[torch.Tensor, torch.Tensor, Dict[str, int]]:
+    """What ``backend`` computes for ``recipe``, in PyTorch: the emulator in :func:`computed_numerics`.
+
+    Parameters
+    ----------
+    backend : str
+        A registered backend whose numerics the emulator models (``Recipe.numerics`` takes them).
+    q : Tensor (B, H, S_q, D); k, v : Tensor (B, H, S_k, D)
+        Any device; never modified.
+    recipe : Recipe
+    scale : float
+        Softmax scale alpha.
+    kv_lens, q_lens : int64 Tensor (B,), optional
+        Valid keys and queries per batch entry (as :func:`fsattn_diffusers.emulator.emulate_attention`).
+
+    Returns
+    -------
+    out : Tensor (B, H, S_q, D) in q's dtype
+    lse : float32 Tensor (B, H, S_q), natural log
+    stats : dict with ``rollbacks``, ``tiles``, ``rollback_tiles``, ``rollback_rate``
+    """
+    return emulate_attention(q, k, v, recipe.replace(numerics=computed_numerics(backend, recipe)), scale=scale,
+                             kv_lens=kv_lens, return_lse=True, return_stats=True, q_lens=q_lens)
 
 
 def _ensure_loaded() -> None:
@@ -185,4 +213,5 @@ def run_checked(run: Callable[[AttentionRequest], AttentionResult], request: Att
 
 __all__ = ["AttentionRequest", "AttentionResult", "Backend", "CudaCapability", "Speed", "SpeedClass", "LAST_RAN",
            "auto_order", "availability", "computed_numerics", "detect_nonfinite", "fast_path", "forget_devices", "pick",
-           "register_backend", "registered", "run_backend", "run_checked", "unregister_backend", "warn_if_slow", "warn_once"]
+           "reference_attention", "register_backend", "registered", "run_backend", "run_checked", "unregister_backend",
+           "warn_if_slow", "warn_once"]

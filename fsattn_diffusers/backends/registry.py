@@ -4,15 +4,18 @@ from :func:`fsattn_diffusers.notices.warn_once`.
 Each backend module registers one :class:`Backend`: its ``run`` (:class:`~.contract.AttentionRequest` in,
 :class:`~.contract.AttentionResult` out), which devices it takes (``available``: an exact rule such as
 :class:`CudaCapability`), why it refuses a call (``refuses``), its speed class per recipe (``speed``), the numerics it
-computes (``computes``), whether ``backend="auto"`` tries it (``auto_rank``) and whether it finds non-finite inputs in
-its own reads (``detects_nonfinite``, ``flag_nonfinite``). Every module of this package named ``*_backend`` is
-imported on first use of the table, so a new hardware target is one kernel folder and one such module.
+computes (``computes``), whether ``backend="auto"`` tries it (``auto_rank``), whether it finds non-finite inputs in
+its own reads (``detects_nonfinite``, ``flag_nonfinite``) and the package of its own kernels (``kernels``: the
+measurement harnesses reach them through :meth:`Backend.kernel`, never by path). Every module of this package named
+``*_backend`` is imported on first use of the table, so a new hardware target is one kernel folder and one such module.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from typing import Callable, Dict, Optional, Tuple, Union
+
+import importlib
 
 import torch
 
@@ -102,6 +105,9 @@ class Backend:
     #: :func:`fsattn_diffusers.nonfinite.detect` by this backend's own pass, on the devices it takes (None: it does
     #: not take these operands, the PyTorch form runs).
     flag_nonfinite: Optional[Callable] = None
+    #: The dotted package of this backend's own kernels (e.g. its ``ops`` and ``plan`` modules), for the harnesses that
+    #: call them directly (:meth:`kernel`); None: it has none of its own.
+    kernels: Optional[str] = None
     #: ``available`` per (probe, device type, index), filled on first use: later lookups are a dict read, which
     #: ``torch.compile`` traces (the probes themselves import modules and query the device).
     _seen: Dict[tuple, Optional[str]] = field(default_factory=dict, repr=False, compare=False)
@@ -114,6 +120,29 @@ class Backend:
     def speed_for(self, recipe) -> Speed:
         """The speed class of ``recipe`` here."""
         return self.speed if isinstance(self.speed, Speed) else self.speed(recipe)
+
+    def kernel(self, module: str):
+        """The module ``module`` of this backend's kernel package (:attr:`kernels`), imported.
+
+        Parameters
+        ----------
+        module : str
+            A module of the package, e.g. ``"plan"`` or ``"ops"``.
+
+        Returns
+        -------
+        module
+            The imported module (importing it may import triton).
+
+        Raises
+        ------
+        ValueError
+            When this backend registers no kernel package.
+        """
+        if self.kernels is None:
+            raise ValueError(f"backend {self.name!r} registers no kernel package; backends with one: "
+                             f"{', '.join(n for n, b in _REGISTRY.items() if b.kernels) or 'none'}")
+        return importlib.import_module(f"{self.kernels}.{module}")
 
     def available_on(self, device: torch.device) -> Optional[str]:
         key = (self.available, device.type, device.index)  # a replaced probe (tests) is asked again

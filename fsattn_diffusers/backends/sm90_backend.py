@@ -6,7 +6,7 @@ Their pre-pass reads every element of q, k, v (keys before ``kv_lens``) and flag
 (``detects_nonfinite``), and ``kernels.nonfinite_flags`` is their standalone detection pass. Formats with one scale
 per 32 keys of P or channels of Q/K (MXFP6, MXFP4) are carried in E4M3 here: no faster than mxfp8 (speed class
 ``widened``). The library core imports ``kernels`` here and in :mod:`.rope` (Wan's RoPE) only; the measurement
-harnesses (``measure/``, ``commands/``) also call the kernels directly.
+harnesses (``measure/``, ``commands/``) reach the kernels through this registration (``Backend.kernel``).
 """
 
 from __future__ import annotations
@@ -21,6 +21,8 @@ from .registry import Backend, CudaCapability, register_backend
 #: Devices the kernels take: compute capability 9.0 (sm_90) with triton; compiled for sm_90a (wgmma needs the
 #: arch-specific target).
 HOPPER = CudaCapability(capabilities=((9, 0),), label="Hopper kernels", modules=("triton",), ptxas_arch="sm_90a")
+#: The package of these kernels (``kernels/sm90/``, installed under this package's root).
+KERNELS = f"{__package__.rpartition('.')[0]}.kernels.sm90"
 #: Q/K or P formats that carry one scale per 32 elements of P's keys or Q/K's channels: the MX blocks Hopper's GEMMs
 #: cannot take, so these kernels run them no faster than mxfp8.
 MX_BLOCK_FORMATS = ("mxfp6", "mxfp4")
@@ -68,4 +70,4 @@ def flag_nonfinite(q, k, v, kv_lens):
 
 
 register_backend(Backend("triton", run, HOPPER, refuses, speed=speed, computes=Numerics.SM90, auto_rank=0,
-                         detects_nonfinite=True, flag_nonfinite=flag_nonfinite))
+                         detects_nonfinite=True, flag_nonfinite=flag_nonfinite, kernels=KERNELS))

@@ -94,9 +94,11 @@ def run(args) -> int:
     if not torch.cuda.is_available():
         raise UsageError("fsattn bench needs a CUDA GPU (a Hopper GPU for our kernels)")
     if args.variant:
-        from ..kernels.sm90 import ops
+        from ..backends import registered
+        from ..measure import KERNEL_BACKEND
 
-        ops.VARIANT = args.variant  # read at call time by prepass and attention_from_operands
+        # read at call time by prepass and attention_from_operands
+        registered()[KERNEL_BACKEND].kernel("ops").VARIANT = args.variant
     env = environment(baselines)
     env["rounds"] = args.rounds
     env["kernel_variant"] = args.variant or os.environ.get(

@@ -44,11 +44,7 @@ def _validate(args):
     from ..quality.analysis import resolve_recipes
     from ..quality.cli_common import check_video_arguments
 
-    check_video_arguments(args, UsageError)
-    if args.rows < 1:
-        raise UsageError(f"--rows {args.rows} must be >= 1")
-    if args.save_worst < 0:
-        raise UsageError(f"--save-worst {args.save_worst} must be >= 0")
+    check_video_arguments(args, UsageError, rows=1, save_worst=0)
     try:
         recipes = resolve_recipes([r.strip() for r in args.recipes.split(",") if r.strip()])
     except ValueError as exc:

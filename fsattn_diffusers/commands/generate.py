@@ -15,63 +15,36 @@ from ..cli import UsageError, check_output_path, check_prompt
 NAME = "generate"
 HELP = "generate a video with fsattn attention (default: an offline tiny smoke model)"
 DEFAULT_PROMPT = "a red fox running through snow, cinematic"
-DTYPES = ("auto", "float32", "bfloat16", "float16")
 #: CPU threads for the smoke model (unless OMP_NUM_THREADS is set).
 SMOKE_THREADS = 1
 
 
 def add_arguments(p) -> None:
-    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt (default: %(default)r)")
-    p.add_argument("--negative-prompt", default=None, help="negative prompt (default: the model's)")
-    p.add_argument("--model", default=None,
-                   help="diffusers pipeline directory or Hub id (Wan2.1, Wan2.2, HunyuanVideo); "
-                        "default: the embedded tiny smoke model")
     from ..integration.policy import POLICY_STRING_FORMS, policy_names
+    from ..quality.cli_common import add_video_arguments
 
+    p.add_argument("--prompt", default=DEFAULT_PROMPT, help="text prompt (default: %(default)r)")
+    add_video_arguments(p)
     p.add_argument("--policy", default="hybrid",
                    help=f"{' | '.join(policy_names())} | {POLICY_STRING_FORMS} "
                         "(default: %(default)s; fa3 and fa3-fp8 need an NVIDIA GPU and the fa3-fwd package; "
                         "sage (SageAttention through diffusers' set_attention_backend('sage'); Wan only))")
     p.add_argument("--backend", default="auto", help="attention backend: auto, triton, aiter, emulator")
-    p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; smoke: 20)")
-    p.add_argument("--frames", type=int, default=None, help="frames, 4k+1 (default: the model's; smoke: 17)")
-    p.add_argument("--height", type=int, default=None, help="multiple of 16 (default: the model's; smoke: 128)")
-    p.add_argument("--width", type=int, default=None, help="multiple of 16 (default: the model's; smoke: 128)")
-    p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's)")
-    p.add_argument("--guidance-2", type=float, default=None,
-                   help="Wan2.2 low-noise expert guidance / HunyuanVideo true-CFG scale (default: the model's)")
-    p.add_argument("--seed", type=int, default=0, help="noise seed (default: %(default)s)")
     p.add_argument("--fps", type=int, default=None, help="frames per second of the MP4 (default: the model's)")
     p.add_argument("--out", default="fsattn_video.mp4", help="output MP4 path (default: %(default)s)")
-    p.add_argument("--device", default=None, help="cuda, cpu, ... (default: cuda if present)")
-    p.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype (default: bf16 on CUDA, fp32 else)")
     p.add_argument("--offload", action="store_true", help="enable_model_cpu_offload (saves GPU memory)")
 
 
 def _validate(args):
     """Check every argument before anything heavy is loaded; return the resolved policy."""
     from ..integration.policy import get_policy
+    from ..quality.cli_common import check_video_arguments
 
     try:
         policy = get_policy(args.policy)
     except ValueError as exc:
         raise UsageError(str(exc)) from None
-    for name in ("height", "width"):
-        value = getattr(args, name)
-        if value is not None and (value < 16 or value % 16):
-            raise UsageError(f"--{name} {value} is not a positive multiple of 16")
-    if args.frames is not None and (args.frames < 1 or (args.frames - 1) % 4):
-        low = max(1, (args.frames - 1) // 4 * 4 + 1)
-        raise UsageError(f"--frames {args.frames} is not 4k + 1 (the VAE compresses time by 4); try {low} or {low + 4}")
-    for name in ("steps", "fps"):
-        value = getattr(args, name)
-        if value is not None and value < 1:
-            raise UsageError(f"--{name.replace('_', '-')} {value} must be >= 1")
-    if args.backend != "auto":
-        from ..backends import registered
-
-        if args.backend not in registered():
-            raise UsageError(f"unknown backend {args.backend!r}; accepted: auto, {', '.join(sorted(registered()))}")
+    check_video_arguments(args, UsageError, fps=1)
     if not args.out.lower().endswith(".mp4"):
         raise UsageError(f"--out {args.out} must end with .mp4")
     check_output_path(args.out, "--out", folder=False)

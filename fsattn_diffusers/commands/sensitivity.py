@@ -66,14 +66,7 @@ def _validate(args):
     from ..quality.cli_common import check_video_arguments
     from ..quality.sensitivity import parse_index_set
 
-    check_video_arguments(args, UsageError)
-    for name in ("every", "grid_frames"):
-        if getattr(args, name) < 1:
-            raise UsageError(f"--{name.replace('_', '-')} {getattr(args, name)} must be >= 1")
-    if args.rows is not None and args.rows < 1:
-        raise UsageError(f"--rows {args.rows} must be >= 1")
-    if args.layers is not None and args.layers < 1:
-        raise UsageError(f"--layers {args.layers} must be >= 1")
+    check_video_arguments(args, UsageError, every=1, grid_frames=1, rows=1, layers=1)
     if not args.attention_only:
         _prompts(args)
     check_output_path(args.out, "--out", folder=True)

@@ -65,11 +65,7 @@ def _validate(args):
     from ..quality.metrics import need_skimage
     from ..quality.sweep import DEFAULT_POLICIES, parse_policies
 
-    check_video_arguments(args, UsageError)
-    if args.every < 1:
-        raise UsageError(f"--every {args.every} must be >= 1")
-    if args.grid_frames < 1:
-        raise UsageError(f"--grid-frames {args.grid_frames} must be >= 1")
+    check_video_arguments(args, UsageError, every=1, grid_frames=1)
     try:
         policies = parse_policies(args.policies or [",".join(DEFAULT_POLICIES)])
         need_skimage()

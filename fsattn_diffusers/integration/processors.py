@@ -206,6 +206,14 @@ class WanFSAttnProcessor(_FSAttnProcessorBase):
         return attn.to_out[1](out)
 
 
+def _heads_qkv(attn, states: torch.Tensor, projections, norms):
+    """Query, key and value of ``states`` (B, S, C) through the three ``projections``, split into ``attn.heads`` heads
+    (B, S, H, D); the two ``norms`` (None: none) applied per head to the query and the key."""
+    query, key, value = (proj(states).unflatten(2, (attn.heads, -1)) for proj in projections)
+    norm_q, norm_k = norms
+    return (query if norm_q is None else norm_q(query)), (key if norm_k is None else norm_k(key)), value
+
+
 def key_padding_lengths(mask: Optional[torch.Tensor], batch: int, n_keys: int):
     """Valid-key counts from a bool mask ``[B, 1, 1, N]`` that is True on a prefix of the keys.
 
@@ -284,12 +292,8 @@ class HunyuanVideoFSAttnProcessor(_FSAttnProcessorBase):
         single_stream = attn.add_q_proj is None
         if single_stream:
             hidden_states = torch.cat([hidden_states, encoder_hidden_states], dim=1)
-        query, key, value = (proj(hidden_states).unflatten(2, (attn.heads, -1))
-                             for proj in (attn.to_q, attn.to_k, attn.to_v))
-        if attn.norm_q is not None:
-            query = attn.norm_q(query)
-        if attn.norm_k is not None:
-            key = attn.norm_k(key)
+        query, key, value = _heads_qkv(attn, hidden_states, (attn.to_q, attn.to_k, attn.to_v),
+                                       (attn.norm_q, attn.norm_k))
         if image_rotary_emb is not None:  # RoPE on the image tokens only
             n_img = query.shape[1] - n_text if single_stream else query.shape[1]
             query = torch.cat([apply_rotary_emb(query[:, :n_img], image_rotary_emb, sequence_dim=1),
@@ -297,12 +301,9 @@ class HunyuanVideoFSAttnProcessor(_FSAttnProcessorBase):
             key = torch.cat([apply_rotary_emb(key[:, :n_img], image_rotary_emb, sequence_dim=1),
                              key[:, n_img:]], dim=1)
         if not single_stream:
-            enc_q, enc_k, enc_v = (proj(encoder_hidden_states).unflatten(2, (attn.heads, -1))
-                                   for proj in (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj))
-            if attn.norm_added_q is not None:
-                enc_q = attn.norm_added_q(enc_q)
-            if attn.norm_added_k is not None:
-                enc_k = attn.norm_added_k(enc_k)
+            enc_q, enc_k, enc_v = _heads_qkv(attn, encoder_hidden_states,
+                                             (attn.add_q_proj, attn.add_k_proj, attn.add_v_proj),
+                                             (attn.norm_added_q, attn.norm_added_k))
             query, key, value = (torch.cat(p, dim=1) for p in ((query, enc_q), (key, enc_k), (value, enc_v)))
 
         if kv_lens is not None:  # padded keys: excluded by kv_lens, zeroed so no scale sees them

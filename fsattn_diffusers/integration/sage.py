@@ -27,11 +27,15 @@ from importlib import metadata
 from typing import Dict, Optional
 
 SAGE_MODULE = "sageattention"
-#: SageAttention 2's sm90 entry (INT8 Q/K, FP8 P/V) and the extension module holding its kernels.
-SM90_ENTRY = "sageattn_qk_int8_pv_fp8_cuda_sm90"
-SM90_KERNELS = "sageattention._qattn_sm90"
-INSTALL_HINT = ("pip install sageattention (1.0.6, Triton) or build SageAttention 2 from source for sm90 "
-                "(thu-ml/SageAttention at d1a57a5: shared/baselines/sageattention/build_sm90.sh DEST, then "
+#: SageAttention 2's Hopper entry (INT8 Q/K, FP8 P/V) and the extension module holding its kernels (SageAttention's
+#: own names).
+HOPPER_ENTRY = "sageattn_qk_int8_pv_fp8_cuda_sm90"
+HOPPER_KERNELS = "sageattention._qattn_sm90"
+#: The script of ``shared/baselines/sageattention/`` that builds SageAttention 2 for Hopper (``bash SCRIPT DEST``);
+#: the device scripts run it from that folder carried as ``.sage/`` (scripts/device_env.sh).
+BUILD_SCRIPT = "build_sm90.sh"
+INSTALL_HINT = ("pip install sageattention (1.0.6, Triton) or build SageAttention 2 from source for Hopper "
+                f"(thu-ml/SageAttention at d1a57a5: shared/baselines/sageattention/{BUILD_SCRIPT} DEST, then "
                 "PYTHONPATH=DEST); either needs an NVIDIA GPU")
 #: diffusers' ``sage`` backend checks the installed distribution's version against this (diffusers 0.42).
 DIFFUSERS_MIN_VERSION = "2.1.1"
@@ -73,11 +77,11 @@ def _metadata_version():
     return None, None
 
 
-def _has_sm90_kernels(module) -> bool:
-    if SM90_KERNELS in sys.modules:
+def _has_hopper_kernels(module) -> bool:
+    if HOPPER_KERNELS in sys.modules:
         return True
     try:
-        return importlib.util.find_spec(SM90_KERNELS) is not None
+        return importlib.util.find_spec(HOPPER_KERNELS) is not None
     except (ImportError, ValueError):
         return False
 
@@ -94,8 +98,8 @@ def sage_identity(module=None) -> Optional[Dict]:
     -------
     dict
         ``path`` (the module's ``__file__``), ``kind`` (``"SageAttention 2"`` when the sm90 entry exists, else
-        ``"SageAttention 1"``), ``sm90_entry`` and ``sm90_kernels`` (whether ``sageattn_qk_int8_pv_fp8_cuda_sm90``
-        and ``sageattention._qattn_sm90`` exist), ``version`` (the module's ``__version__``, else the distribution
+        ``"SageAttention 1"``), ``sm90_entry`` and ``sm90_kernels`` (whether :data:`HOPPER_ENTRY` and
+        :data:`HOPPER_KERNELS` exist), ``version`` (the module's ``__version__``, else the distribution
         metadata in the folder holding the imported package, else None), ``metadata_version`` /
         ``metadata_path`` (what ``importlib.metadata`` reports: the first distribution on ``sys.path``),
         ``metadata_mismatch`` (that report names another version than the module's, or there is none beside the
@@ -113,12 +117,12 @@ def sage_identity(module=None) -> Optional[Dict]:
         dist = _dist_beside(package_dir)
         version = dist.version if dist is not None else None
     meta_version, meta_path = _metadata_version()
-    sm90_entry = callable(getattr(module, SM90_ENTRY, None))
-    sm90_kernels = _has_sm90_kernels(module)
+    sm90_entry = callable(getattr(module, HOPPER_ENTRY, None))
+    sm90_kernels = _has_hopper_kernels(module)
     kind = "SageAttention 2" if sm90_entry else "SageAttention 1"
     if sm90_entry:
-        detail = ("sm90 kernel sageattn_qk_int8_pv_fp8_cuda_sm90: INT8 Q/K, FP8 P/V" if sm90_kernels else
-                  "built without the sm90 kernels (sageattention._qattn_sm90 absent): sageattn fails on sm90")
+        detail = (f"sm90 kernel {HOPPER_ENTRY}: INT8 Q/K, FP8 P/V" if sm90_kernels else
+                  f"built without the sm90 kernels ({HOPPER_KERNELS} absent): sageattn fails on sm90")
     else:
         detail = "Triton kernels: INT8 Q/K, FP16 P/V"
     mismatch = meta_version is not None and meta_version != version
@@ -167,4 +171,4 @@ def diffusers_refusal(identity: Optional[Dict] = None) -> Optional[str]:
 
 
 __all__ = ["sage_module", "sage_missing", "sage_identity", "require_sage", "sage_call", "diffusers_refusal",
-           "INSTALL_HINT", "SM90_ENTRY", "SM90_KERNELS"]
+           "BUILD_SCRIPT", "HOPPER_ENTRY", "HOPPER_KERNELS", "INSTALL_HINT"]

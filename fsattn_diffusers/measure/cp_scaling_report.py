@@ -70,36 +70,67 @@ def _fmt(x, spec=".2f", suffix=""):
     return "-" if x is None else f"{x:{spec}}{suffix}"
 
 
+def report_head(doc: dict, title: str, versions: str, model: str, notes: List[str], match_scope: str = "") -> List[str]:
+    """The lines of a scaling report above its table.
+
+    Parameters
+    ----------
+    doc : dict
+        The run's document (its ``meta`` and ``status``).
+    title : str
+        What ran, after "... on N GPUs: ".
+    versions : str
+        Versions named after diffusers' (``"xfuser 0.4, "``), each ending in ", ".
+    model : str
+        The model bullet after "Model: ", built around :func:`model_facts`.
+    notes : list of str
+        The bullets between the model and the projections (setup, :func:`timing_note`, what each policy runs, what
+        the attention share counts).
+    match_scope : str
+        Said of the compared outputs before "relative L2" (``"both under xDiT; "``).
+    """
+    m = doc["meta"]
+    return [f"# Wan2.2-A14B-size transformer on {m['world']} GPUs: {title}", "",
+            f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
+            f"diffusers {m['diffusers']}, {versions}python {m['python']}; {m['date']}; commit {m['commit']}.",
+            f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
+            f"- Model: {model}", *notes, *projection_lines(m),
+            f"- Match (one transformer call, N GPUs vs 1 GPU, {match_scope}relative L2 / cosine over the whole "
+            f"output): bf16 passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N "
+            f"GPUs vs bf16 1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + "
+            f"max({ABSOLUTE_FLOOR:g}, err(bf16, N GPUs vs 1 GPU) of the same mode).",
+            f"- Status: {doc['status']}.", ""]
+
+
+def model_facts(meta: dict) -> str:
+    """The model's size, weights and inputs, ending in "a step = N" (the forwards of one denoising step)."""
+    spec = meta["spec"]
+    cfg = spec["config"]
+    return (f"{spec['name']} config, {cfg['num_layers']} layers, {cfg['num_attention_heads']} heads x "
+            f"{cfg['attention_head_dim']}, BF16, random N(0, 0.02) weights (same seed on every rank, checksum "
+            f"verified: {meta.get('weights_identical')}); latent {tuple(spec['latent'])} -> {spec['tokens']} "
+            f"self-attention tokens, {spec['text_tokens']} text tokens; a step = {spec['calls_per_step']}")
+
+
+def timing_note(meta: dict) -> str:
+    """The bullet saying what is timed per (setting, policy)."""
+    return (f"- Per (setting, policy): {meta['warmup']} untimed forward(s) (the first is the compared one-call "
+            f"output, t = {MATCH_TIMESTEP:g}), then {meta['steps']} timed step(s); step = median.")
+
+
 def to_markdown(doc: dict) -> str:
     m = doc["meta"]
-    w = m["world"]
-    lines = [f"# Wan2.2-A14B-size transformer on {w} GPUs: diffusers context parallelism (Ulysses / ring), "
-             f"fsattn policies", "",
-             f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
-             f"diffusers {m['diffusers']}, python {m['python']}; {m['date']}; commit {m['commit']}.",
-             f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
-             f"- Model: {m['spec']['name']} config, {m['spec']['config']['num_layers']} layers, "
-             f"{m['spec']['config']['num_attention_heads']} heads x {m['spec']['config']['attention_head_dim']}, "
-             f"BF16, random N(0, 0.02) weights (same seed on every rank, checksum verified: "
-             f"{m.get('weights_identical')}); latent {tuple(m['spec']['latent'])} -> {m['spec']['tokens']} "
-             f"self-attention tokens, {m['spec']['text_tokens']} text tokens; a step = "
-             f"{m['spec']['calls_per_step']} forwards (CFG).",
-             f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
-             f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median. 1-GPU runs: policies split "
-             f"over the ranks, each on its own GPU without communication.",
+    notes = [timing_note(m) + " 1-GPU runs: policies split over the ranks, each on its own GPU without "
+             "communication.",
              "- bf16 = stock diffusers attention on cuDNN SDPA (N GPUs: `_native_cudnn` backend); sage = stock "
              "attention on diffusers' `sage` backend (`set_attention_backend`, every attention module, cross-attention "
              "included); others = "
              f"`WanFSAttnProcessor` (backend `{m['backend']}`) on self-attention; cross-attention stays bf16.",
              "- Attention share: 1 GPU as `fsattn e2e` (CUDA events around each attention kernel call); N GPUs: "
-             "around diffusers' ring / Ulysses template, i.e. self-attention including its communication.",
-             *projection_lines(m),
-             f"- Match (one transformer call, N GPUs vs 1 GPU, relative L2 / cosine over the whole output): bf16 "
-             f"passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N GPUs vs bf16 "
-             f"1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + max({ABSOLUTE_FLOOR:g}, "
-             "err(bf16, N GPUs vs 1 GPU) of the same mode).",
-             f"- Status: {doc['status']}.", ""]
-    return "\n".join(lines + table_lines(doc) + recipes_markdown(doc["runs"]))
+             "around diffusers' ring / Ulysses template, i.e. self-attention including its communication."]
+    head = report_head(doc, "diffusers context parallelism (Ulysses / ring), fsattn policies", "",
+                       f"{model_facts(m)} forwards (CFG).", notes)
+    return "\n".join(head + table_lines(doc) + recipes_markdown(doc["runs"]))
 
 
 def projections_of(meta: dict) -> Dict[str, List[str]]:

@@ -1,8 +1,9 @@
 """CPU measurements that choose the Hopper speed tier's numerics (``int8-fp8``) against the model of SageAttention 2.
 
 Every column runs on the same structured-suite inputs (:mod:`.structured_inputs`) in one process: the emulator in the
-``sm90`` numerics for the INT8-Q/K + FP8-P/V variants, :func:`.sage2_model.sage2_sm90_attention` for SageAttention 2,
-and exact float64 attention as the reference. A variant is the preset with recipe changes (``"int8-fp8+exponential=
+numerics of the Hopper kernels (those :data:`~fsattn_diffusers.measure.KERNEL_BACKEND` computes) for the INT8-Q/K +
+FP8-P/V variants, :func:`.sage2_model.sage2_hopper_attention` for SageAttention 2, and exact float64 attention as the
+reference. A variant is the preset with recipe changes (``"int8-fp8+exponential=
 exact"``) and, for choices the library does not offer as a recipe field, one of :data:`MEASURE_ONLY`:
 
 * ``sigma6``: P carried as ``E4M3(P 2^6)`` with the gate at 2 doublings (instead of ``2^4`` and 4);
@@ -17,34 +18,34 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import math
 import time
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Sequence
 
 import torch
 
 from .. import emulator as emulator_module
-from .. import sm90_numerics as sm90
 from ..emulator import emulate_attention
 from ..exponent import PROXY_LAYOUT, SCHRAUDOLPH_EPS, U8_MAX_CODE
-from ..formats import E4M3, round_to_elem
-from ..numerics import SM90Int8Numerics, numerics_for
-from ..recipe import get_recipe
+from ..formats import E4M3, QKFormat, round_to_elem
+from ..numerics import numerics_for
 from ..smoothing import subtract_mean, token_mean
 from ..testing import exact_attention, relative_error
+from . import kernel_recipe
+from .provenance import finish, module_command
 from .sage2_check import geomean
-from .sage2_model import sage2_sm90_attention
+from .sage2_model import sage2_hopper_attention
 from .structured_inputs import FAMILIES
 from .structured_suite import DTYPES
 
-#: Measure-only changes of the sm90 INT8 numerics (module docstring), applied after the recipe's own.
+#: Measure-only changes of the kernels' INT8 numerics (module docstring), applied after the recipe's own.
 MEASURE_ONLY = ("sigma6", "u8", "vblock", "vsmooth")
 SAGE = "sage2-model"
 
 
-class _Variant(SM90Int8Numerics):
-    """SM90Int8Numerics with the :data:`MEASURE_ONLY` changes in ``extras``."""
+class _Variant:
+    """The :data:`MEASURE_ONLY` changes in ``extras``, mixed into the numerics class the kernels compute an INT8
+    recipe in (:func:`_numerics`)."""
 
     extras: Sequence[str] = ()
 
@@ -58,8 +59,8 @@ class _Variant(SM90Int8Numerics):
         if "vblock" in self.extras:  # E4M3 with amax / 448 per channel and 128-key tile
             y = v.to(torch.float32).to(torch.bfloat16).to(torch.float32)
             b, h, s, d = y.shape
-            pad = (-s) % sm90.TILE
-            yb = torch.nn.functional.pad(y, (0, 0, 0, pad)).reshape(b, h, -1, sm90.TILE, d)
+            pad = (-s) % self.tile_n
+            yb = torch.nn.functional.pad(y, (0, 0, 0, pad)).reshape(b, h, -1, self.tile_n, d)
             amax = yb.abs().amax(dim=-2, keepdim=True)
             sc = torch.where(amax > 0, amax / E4M3.max_value, torch.ones_like(amax))
             out[2] = (round_to_elem(yb / sc, E4M3) * sc).reshape(b, h, -1, d)[:, :, :s]
@@ -76,15 +77,14 @@ class _Variant(SM90Int8Numerics):
 
 
 @contextlib.contextmanager
-def _numerics(extras: Sequence[str]):
-    """Make the emulator build :class:`_Variant` with ``extras`` for INT8 sm90 recipes."""
+def _numerics(recipe, extras: Sequence[str]):
+    """Make the emulator build ``recipe``'s numerics with :class:`_Variant`'s ``extras`` mixed in, for ``recipe``."""
     if not extras:
         yield
         return
-    cls = type("Variant", (_Variant,), {"extras": tuple(extras)})
     original = emulator_module.numerics_for
-    emulator_module.numerics_for = lambda r: cls(r) if r.numerics == "sm90" and r.qk_format == "int8" \
-        else original(r)
+    cls = type("Variant", (_Variant, type(original(recipe))), {"extras": tuple(extras)})
+    emulator_module.numerics_for = lambda r: cls(r) if r == recipe else original(r)
     try:
         yield
     finally:
@@ -94,21 +94,25 @@ def _numerics(extras: Sequence[str]):
 def variant_fn(spec: str) -> Callable:
     """``fn(q, k, v, scale) -> out`` for a column spec: :data:`SAGE`, or ``recipe[:extra,extra]``."""
     if spec == SAGE:
-        return lambda q, k, v, sc: sage2_sm90_attention(q, k, v, scale=sc)
+        return lambda q, k, v, sc: sage2_hopper_attention(q, k, v, scale=sc)
     name, _, extra = spec.partition(":")
     extras = [e for e in extra.split(",") if e]
     for e in extras:
         if e not in MEASURE_ONLY:
             raise ValueError(f"unknown measure-only change {e!r}; accepted: {', '.join(MEASURE_ONLY)}")
-    recipe = get_recipe(name).replace(numerics="sm90")
-    numerics_for(recipe)  # refuse a recipe the sm90 numerics do not take, before any input is drawn
+    recipe = kernel_recipe(name)
+    numerics_for(recipe)  # refuse a recipe the kernels' numerics do not take, before any input is drawn
+    changes = [e for e in extras if e != "vsmooth"]  # those of the numerics class
+    if changes and recipe.qk_format != QKFormat.INT8:
+        raise ValueError(f"{', '.join(changes)} change the INT8 Q/K numerics; {name} has qk_format "
+                         f"{recipe.qk_format}; accepted: a recipe with qk_format int8 (e.g. int8-fp8)")
 
     def fn(q, k, v, sc):
         mean = None
         if "vsmooth" in extras:
             mean = token_mean(v)
             v = subtract_mean(v, mean)
-        with _numerics([e for e in extras if e != "vsmooth"]):
+        with _numerics(recipe, changes):
             out = emulate_attention(q, k, v, recipe, scale=sc)[0]
         return out if mean is None else (out.to(torch.float32) + mean).to(q.dtype)
     return fn
@@ -173,14 +177,13 @@ def main(argv=None) -> None:
     ap.add_argument("--json", default=None)
     args = ap.parse_args(argv)
     specs = [v for v in args.variants.split(";") if v]
-    out = run(tuple(int(x) for x in args.shape.split(",")), [int(x) for x in args.head_dims.split(",")],
-              args.dtypes.split(","), args.families.split(","), args.seeds, specs)
-    out["command"] = "python -m fsattn_diffusers.measure.int8_fp8_sweep " + " ".join(
-        f"'{a}'" if ";" in a else a for a in (argv or __import__("sys").argv[1:]))
-    print(json.dumps(out["bars"], indent=1))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    try:
+        out = run(tuple(int(x) for x in args.shape.split(",")), [int(x) for x in args.head_dims.split(",")],
+                  args.dtypes.split(","), args.families.split(","), args.seeds, specs)
+    except ValueError as exc:  # a column spec or recipe the numerics refuse: one line
+        ap.error(str(exc))
+    out["command"] = module_command(__spec__.name, argv)
+    finish(out, args.json, out["bars"])
 
 
 if __name__ == "__main__":

@@ -45,14 +45,6 @@ def exact_rows(q, k, v, rows, scale):
     return exact_attention(q[:, :, rows], k, v, scale)[0]
 
 
-def accuracy(out, ref):
-    """(relative Frobenius error, cosine similarity) of ``out`` against ``ref``."""
-    import torch
-
-    a, r = out.double().flatten(), ref.double().flatten()
-    return float((a - r).norm() / r.norm()), float(torch.nn.functional.cosine_similarity(a, r, dim=0))
-
-
 def timed(fn, warmup, rep) -> float:
     from triton.testing import do_bench
 
@@ -244,11 +236,15 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     import torch
 
     from .. import attention
-    from ..backends import LAST_RAN
-    from ..kernels.sm90.ops import attention_from_operands, prepass
-    from ..kernels.sm90.plan import plan_for
+    from ..backends import LAST_RAN, registered
     from ..quality.analysis import sample_rows
     from ..recipe import get_recipe
+    from ..testing import error_and_cosine
+    from . import KERNEL_BACKEND
+
+    kernels = registered()[KERNEL_BACKEND]
+    kernel_ops, plan_for = kernels.kernel("ops"), kernels.kernel("plan").plan_for
+    attention_from_operands, prepass = kernel_ops.attention_from_operands, kernel_ops.prepass
 
     q, k, v = make_inputs(b, h, s_q, s_k, d, inputs, seed)
     scale = 1.0 / math.sqrt(d)
@@ -262,7 +258,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         torch.cuda.synchronize()
         out = fn()
         out = out[0] if isinstance(out, tuple) else out
-        err, cos = accuracy(out[:, :, rows.cuda()], ref)
+        err, cos = error_and_cosine(out[:, :, rows.cuda()], ref)
         del out
         methods[name] = (fn, parts, {"rel_err": err, "cos": cos, **(extra or provenance.baseline_record())})
 
@@ -278,14 +274,13 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
     qq, kk, vv = (t.transpose(1, 2).contiguous().transpose(1, 2) for t in (q, k, v)) if layout == "bshd" else (q, k, v)
     for rname in recipes:
         recipe = get_recipe(rname)
-        lay_args = dict(layout="bhsd", backend="triton")
+        lay_args = dict(layout="bhsd", backend=KERNEL_BACKEND)
 
         def full(recipe=recipe):
             return attention(qq, kk, vv, recipe, **lay_args)
         out = torch.empty_like(q)
         if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel and its own pre-pass
-            from ..kernels.sm90 import ops_int8
-
+            ops_int8 = kernels.kernel("ops_int8")
             signs, smooth_k, ratio2, _ = ops_int8.parse_settings_key(ops_int8.settings_key(recipe))
             pre = (lambda a=(signs, smooth_k, None, ratio2): ops_int8.prepass_int8(qq, kk, vv, scale, None, *a))
             ops = pre()
@@ -310,7 +305,7 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         _, stats = attention(qq, kk, vv, recipe, return_stats=True, **lay_args)
         checked(rname, full, parts, {"rollback_rate": stats["rollback_rate"], "peak_extra_bytes": peak_extra,
                                      "qkv_bf16_bytes": int(2 * b * h * (s_q + 2 * s_k) * d),
-                                     **provenance.recipe_record(recipe, LAST_RAN.get(recipe.name, "triton"))})
+                                     **provenance.recipe_record(recipe, LAST_RAN.get(recipe.name, KERNEL_BACKEND))})
     samples = interleaved_samples(
         {name: {"ms": (lambda fn=fn: timed(fn, warmup, rep)),
                 **{part: (lambda f=f: timed(f, warmup, rep)) for part, f in parts.items()}}

@@ -1,7 +1,7 @@
 """Seeded random cases for the attention kernels, and the checks each case must pass.
 
 Used by tests/test_kernel_fuzz_gpu.py (the Triton kernel on a CUDA GPU against its Hopper reference,
-:func:`sm90_reference`) and by tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against
+:func:`kernel_reference`) and by tests/test_kernel_fuzz_harness.py (the same harness on the CPU, the reference against
 itself and against deliberately broken kernels). Nothing here imports Triton.
 
 Tolerance rule (:func:`fsattn_diffusers.testing.within_kernel_rule`, derived there): with
@@ -24,9 +24,11 @@ from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 import torch
 
-from ..emulator import sm90_reference_attention
+from ..backends import reference_attention
 from ..recipe import get_recipe
-from ..testing import KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, exact_attention, within_kernel_rule
+from ..testing import (KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, exact_attention, relative_error,
+                       within_kernel_rule)
+from . import KERNEL_BACKEND
 
 REL_REF_MAX = KERNEL_REF_MAX
 #: LSE against the Hopper reference: kernel and reference sum the score GEMM in different orders, so Stage-A's rounding
@@ -167,10 +169,6 @@ def poisoned_outputs(case: Case, q: torch.Tensor) -> Tuple[torch.Tensor, torch.T
     return out, torch.full((case.b, case.h, case.s_q), float("nan"), dtype=torch.float32, device=q.device)
 
 
-def rel(x: torch.Tensor, ref: torch.Tensor) -> float:
-    return float((x.double() - ref.double()).norm() / ref.double().norm().clamp_min(1e-30))
-
-
 def _bits(t: torch.Tensor) -> torch.Tensor:
     return t.contiguous().view(torch.uint8)
 
@@ -181,9 +179,10 @@ KernelFn = Callable[..., None]
 ReferenceFn = Callable[..., Tuple[torch.Tensor, torch.Tensor]]
 
 
-def sm90_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe_name: str, scale: float,
-                   kv_lens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
-    """The fuzz's reference: the sm90 numerics of ``recipe_name`` (``emulator.sm90_reference_attention``).
+def kernel_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe_name: str, scale: float,
+                     kv_lens: Optional[torch.Tensor]) -> Tuple[torch.Tensor, torch.Tensor]:
+    """The fuzz's reference: what the kernels of :data:`~fsattn_diffusers.measure.KERNEL_BACKEND` compute for
+    ``recipe_name`` (:func:`fsattn_diffusers.backends.reference_attention`).
 
     Parameters
     ----------
@@ -197,7 +196,7 @@ def sm90_reference(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, recipe_nam
     -------
     out : Tensor (B, H, S_q, D); lse : Tensor (B, H, S_q), natural log.
     """
-    out, lse, _ = sm90_reference_attention(q, k, v, get_recipe(recipe_name), scale=scale, kv_lens=kv_lens)
+    out, lse, _ = reference_attention(KERNEL_BACKEND, q, k, v, get_recipe(recipe_name), scale=scale, kv_lens=kv_lens)
     return out, lse
 
 
@@ -208,8 +207,8 @@ def reference_bounds(recipe_name: str) -> Tuple[float, float]:
     return REL_REF_MAX, LSE_REF_MAX
 
 
-def run_case(case: Case, kernel: KernelFn, device, reference: ReferenceFn = sm90_reference) -> Dict:
-    """Run one case and check it against ``reference`` (default :func:`sm90_reference`).
+def run_case(case: Case, kernel: KernelFn, device, reference: ReferenceFn = kernel_reference) -> Dict:
+    """Run one case and check it against ``reference`` (default :func:`kernel_reference`).
 
     Returns a dict with the measurements and ``failures`` (list of str)."""
     t0 = time.perf_counter()
@@ -229,7 +228,7 @@ def run_case(case: Case, kernel: KernelFn, device, reference: ReferenceFn = sm90
     nan_out = int((~torch.isfinite(out)).sum())
     if nan_out:
         failures.append(f"{nan_out} NaN/inf (unwritten or computed) output elements; exact attention is finite")
-    e_k, e_r, e_kr = rel(out, ex_o), rel(ref_o, ex_o), rel(out, ref_o)
+    e_k, e_r, e_kr = relative_error(out, ex_o), relative_error(ref_o, ex_o), relative_error(out, ref_o)
     if not within_kernel_rule(e_k, e_r):
         failures.append(f"tolerance rule: |err {e_k:.5f} - ref {e_r:.5f}| > {KERNEL_ERR_ATOL} + {KERNEL_ERR_REL} * ref")
     rel_max, lse_max = reference_bounds(case.recipe)

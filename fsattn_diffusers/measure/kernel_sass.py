@@ -1,7 +1,8 @@
-"""Offline Hopper compile report of the attention kernels (no GPU; the compute capability and ptxas target come from
-the ``triton`` backend's device rule, :data:`HOPPER`): registers, spills, shared memory, and SASS instruction counts
-of the steady-state key loop per thread and 128-key tile, for the Triton kernel (kernels/sm90/fused_attention.py)
-and the Gluon ping-pong kernel (kernels/sm90/fused_attention_gluon_pingpong.py).
+"""Offline Hopper compile report of the attention kernels (no GPU; the kernels, their compute capability and ptxas
+target come from the registration of :data:`~fsattn_diffusers.measure.KERNEL_BACKEND`: its kernel package and device
+rule, :data:`HOPPER`): registers, spills, shared memory, and SASS instruction counts of the steady-state key loop per
+thread and 128-key tile, for the Triton kernel (the package's ``fused_attention``), the Gluon ping-pong kernel
+(``fused_attention_gluon_pingpong``) and the INT8 Q/K kernel (``fused_attention_gluon_int8``).
 
     python -m fsattn_diffusers.measure.kernel_sass [--out DIR] [--only NAME,...] [--list]
 
@@ -28,13 +29,16 @@ from triton.backends.compiler import GPUTarget
 from triton.compiler import ASTSource
 
 from fsattn_diffusers.backends import registered
-from fsattn_diffusers.kernels.sm90 import ops
-from fsattn_diffusers.kernels.sm90.plan import plan_for
+from fsattn_diffusers.measure import KERNEL_BACKEND
 from fsattn_diffusers.recipe import get_recipe
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+#: The registered backend whose kernels are compiled here (its kernel package: ``KERNELS.kernel(module)``).
+KERNELS = registered()[KERNEL_BACKEND]
+ops = KERNELS.kernel("ops")
+plan_for = KERNELS.kernel("plan").plan_for
 #: The Hopper kernels' device rule (:class:`fsattn_diffusers.backends.CudaCapability`): what they are compiled for.
-HOPPER = registered()["triton"].available
+HOPPER = KERNELS.available
 PTXAS_ARCH = HOPPER.ptxas_arch
 TARGET = GPUTarget("cuda", 10 * HOPPER.capabilities[0][0] + HOPPER.capabilities[0][1], 32)
 # Argument types by name (both kernels); pointers and padded lengths/strides get a real launch's divisibility by 16.
@@ -83,8 +87,7 @@ def _triton_constants(recipe: str) -> dict:
 
 
 def compile_triton(recipe="mxfp8", d=128, num_warps=ops.NUM_WARPS, stages=ops.NUM_STAGES, **const):
-    from fsattn_diffusers.kernels.sm90.fused_attention import fsattn_fwd_kernel
-
+    fsattn_fwd_kernel = KERNELS.kernel("fused_attention").fsattn_fwd_kernel
     c = dict(D=d, BM=ops.BLOCK_M, BN=ops.BLOCK_N, HAS_KVL=False, WRITE_LSE=False, NUM_STAGES=stages, RNE_CVT=False,
              **_triton_constants(recipe))
     c.update(const)
@@ -97,8 +100,7 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fsattn_diffusers.kernels.sm90 import fused_attention_gluon_pingpong as pp
-
+    pp = KERNELS.kernel("fused_attention_gluon_pingpong")
     def desc(rows, cols):
         layout = gl.NVMMASharedLayout.get_default_for([rows, cols], gl.float8e4nv)
         return f"tensordesc<fp8e4nv[{rows}, {cols}],{layout!r}>"
@@ -120,13 +122,11 @@ def compile_gluon(recipe="mxfp8", d=128, stages=ops.PP_STAGES, **const):
 
 
 def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
-    """The INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) with ``recipe``'s settings."""
+    """The INT8 Q/K kernel (the package's ``fused_attention_gluon_int8``) with ``recipe``'s settings."""
     from triton.experimental.gluon import language as gl
     from triton.experimental.gluon._runtime import GluonASTSource
 
-    from fsattn_diffusers.kernels.sm90 import fused_attention_gluon_int8 as k8
-    from fsattn_diffusers.kernels.sm90 import ops_int8
-
+    k8, ops_int8 = KERNELS.kernel("fused_attention_gluon_int8"), KERNELS.kernel("ops_int8")
     def desc(rows, cols, dtype, name):
         return f"tensordesc<{name}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)!r}>"
 
@@ -156,6 +156,9 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_pingpong_paper": (compile_gluon, dict(recipe="mxfp8-paper")),
     "gluon_pingpong_d64": (compile_gluon, dict(d=64)),
     "gluon_pingpong_st3": (compile_gluon, dict(stages=3)),
+    # O's fp32 promotion every 2 key tiles, and never (O chained in the wgmma accumulator: Recipe.o_promotion_tiles)
+    "gluon_pingpong_promote2": (compile_gluon, dict(O_PROMOTE=2)),
+    "gluon_pingpong_chained": (compile_gluon, dict(O_PROMOTE=0)),
     "gluon_pingpong_lse_kvl": (compile_gluon, dict(WRITE_LSE=True, HAS_KVL=True)),
     "gluon_pingpong_smooth_q": (compile_gluon, dict(recipe="mxfp8+smooth_q+smooth_q_min_ratio=0", KEY_TERM=True)),
     "gluon_pingpong_smooth_q_sel": (compile_gluon, dict(recipe="mxfp8", KEY_TERM=True, TERM_SEL=True)),

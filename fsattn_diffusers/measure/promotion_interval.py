@@ -1,4 +1,4 @@
-"""O's fp32 promotion interval on Hopper: the sm90 reference with the FP8 wgmma's accumulation modelled
+"""O's fp32 promotion interval on Hopper: the kernels' reference with the FP8 wgmma's accumulation modelled
 (:mod:`fsattn_diffusers.numerics_accumulation`) at ``Recipe.o_promotion_tiles`` = 1, 2, 4, ..., never.
 
 For each (family, recipe, interval): the output's error against exact attention and its distance from the every-tile
@@ -15,17 +15,15 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
-import sys
 import math
 import time
 from typing import Dict, List, Optional
 
-import torch
-
 from .. import emulator as em
 from ..emulator import emulate_attention
-from ..recipe import get_recipe
 from ..testing import exact_attention, relative_error
+from . import kernel_recipe
+from .provenance import finish, module_command
 from .structured_inputs import FAMILIES
 from .structured_suite import DTYPES
 
@@ -40,7 +38,7 @@ def run(families: List[str], recipes: List[str], intervals: List[Optional[int]],
         sc = 1.0 / math.sqrt(d)
         ref = exact_attention(q, k, v, scale=sc)[0]
         for name in recipes:
-            base = get_recipe(name).replace(numerics="sm90")
+            base = kernel_recipe(name)
             outs = {}
             todo = [("1", 1)] + ([("1-modelled", 1)] if model_1 else []) + [
                 ("never" if n is None else str(n), n) for n in intervals if n != 1]
@@ -93,12 +91,9 @@ def main(argv=None) -> None:
     intervals = [None if x.lower() in ("none", "never", "0") else int(x) for x in args.intervals.split(",")]
     out = run(args.families.split(","), args.recipes.split(","), intervals, args.keys, args.rows, args.head_dim,
               args.dtype, args.seed, args.heads, args.model_1)
-    out.update(command="python -m fsattn_diffusers.measure.promotion_interval " + " ".join(
-        argv or sys.argv[1:]), keys=args.keys, rows=args.rows, head_dim=args.head_dim, heads=args.heads,
-        dtype=args.dtype, seed=args.seed)
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    out.update(command=module_command(__spec__.name, argv), keys=args.keys, query_rows=args.rows,
+               head_dim=args.head_dim, heads=args.heads, dtype=args.dtype, seed=args.seed)
+    finish(out, args.json)
 
 
 if __name__ == "__main__":

@@ -7,35 +7,45 @@
 * :func:`baseline_record`: the same fields for a row that no fsattn recipe produced (SDPA, FA3, stock attention).
 * :func:`recipes_markdown`: the same for a markdown report (one line per recipe).
 * :func:`result_rows`: every row of a committed result file, for the check that each carries both fields.
+* :func:`module_command` and :func:`finish`: the end of a measurement module's ``main`` (its command line, what it
+  prints, the JSON it writes).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import datetime
+import json
 import os
 import platform
+import shlex
 import subprocess
 import sys
-from typing import Dict, Iterable, Iterator, List, Optional, Tuple
+from typing import Dict, Iterable, Iterator, List, Optional, Sequence, Tuple
 
 #: ``computed_numerics`` of a row that no fsattn recipe produced.
 BASELINE = "baseline"
 
 
+#: Where a copy of the repository without its ``.git`` (the device machine's) learns its commit: the device scripts'
+#: caller sets it to ``git rev-parse --short HEAD`` of the tree it sent.
+COMMIT_ENV = "FSATTN_COMMIT"
+
+
 def commit() -> Optional[str]:
-    """The short commit of the checkout this package runs from, ``+dirty`` when its tracked files differ; None
-    outside a git checkout."""
+    """The short commit of the checkout this package runs from, ``+dirty`` when its tracked files differ; outside a
+    git checkout, :data:`COMMIT_ENV` when set (the device's copy), else None."""
+    sent = os.environ.get(COMMIT_ENV, "").strip() or None
     root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
     try:
         head = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=root, capture_output=True, text=True,
                               timeout=10)
         if head.returncode:
-            return None
+            return sent
         dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
                                capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
-        return None
+        return sent
     return head.stdout.strip() + ("+dirty" if dirty else "")
 
 
@@ -149,3 +159,17 @@ def result_rows(doc: Dict) -> Iterator[Tuple[str, Dict]]:
         if isinstance(doc.get(key), list):
             for i, row in enumerate(doc[key]):
                 yield f"{key}[{i}]", row
+
+
+def module_command(module: str, argv: Optional[Sequence[str]] = None) -> str:
+    """``python -m MODULE ARGS`` of this run, ARGS ``argv`` (else ``sys.argv[1:]``) quoted for a shell."""
+    return f"python -m {module} " + shlex.join(argv or sys.argv[1:])
+
+
+def finish(out: Dict, json_path: Optional[str], shown: Optional[Dict] = None) -> None:
+    """Print ``shown`` as indented JSON (when given) and write ``out`` to ``json_path`` (when given)."""
+    if shown is not None:
+        print(json.dumps(shown, indent=1))
+    if json_path:
+        with open(json_path, "w") as fh:
+            json.dump(out, fh, indent=1)

@@ -88,7 +88,38 @@ def speed(root: str = ROOT) -> List[str]:
     first = next(iter(by_shape.values()), {})  # the baselines' error on the first shape's inputs
     errs = [f"{k} {first[k]['rel_err'] * 100:.2f}" for k in ("fa3-bf16", "fa3-fp8", "sageattention") if k in first]
     note = [f"Error % of the baselines on the same inputs: {', '.join(errs)}."] if errs else []
-    return _table(header, rows) + note + _provenance([_source(name, doc)])
+    return _table(header, rows) + note + _pick_line(by_shape) + _provenance([_source(name, doc)])
+
+
+def _pick_line(by_shape: Dict[tuple, Dict[str, Dict]]) -> List[str]:
+    """Which recipe of the table a Hopper user picks for speed (the highest ratio over SageAttention 2 at its slowest
+    shape), for quality (the lowest error at its worst shape) and for both (at least SageAttention 2's speed and at
+    most its error at every shape), with the ranges behind each."""
+    stats = {}
+    for rec in SPEED_RECIPES:
+        rows = [(m[rec], m.get("sageattention")) for m in by_shape.values() if rec in m]
+        if not rows or any(sage is None or r.get("speedup_vs_sage") is None for r, sage in rows):
+            continue
+        stats[rec] = ([r["speedup_vs_sage"] for r, _ in rows], [r["rel_err"] * 100 for r, _ in rows],
+                      all(r["rel_err"] <= sage["rel_err"] for r, sage in rows))
+    if not stats:
+        return []
+
+    def span(v, fmt):
+        lo, hi = fmt.format(min(v)), fmt.format(max(v))
+        return lo if lo == hi else f"{lo}-{hi}"
+
+    def said(rec):
+        x, e, _ = stats[rec]
+        return f"**{rec}** ({span(x, '{:.3f}x')} SageAttention 2, error {span(e, '{:.2f}')}%)"
+
+    fast = max(stats, key=lambda r: min(stats[r][0]))
+    accurate = min(stats, key=lambda r: max(stats[r][1]))
+    both = [r for r, (x, _, ok) in stats.items() if min(x) >= 1.0 and ok]
+    both_said = (", ".join(said(r) for r in both) if both else
+                 "none of these recipes: SageAttention 2 itself (the `sage` policy)")
+    return ["", f"Pick on Hopper, from this table: for speed {said(fast)}; for quality {said(accurate)}; for both (at "
+                f"least SageAttention 2's speed at no more than its error, every shape) {both_said}."]
 
 
 # ---------------------------------------------------------------------------------------------------------- accuracy

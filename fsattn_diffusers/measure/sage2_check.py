@@ -1,4 +1,4 @@
-"""Validate the CPU model of SageAttention 2's sm90 kernel (:mod:`.sage2_model`) against the ``sage`` column an H200
+"""Validate the CPU model of SageAttention 2's Hopper kernel (:mod:`.sage2_model`) against the ``sage`` column an H200
 measured in a structured-suite result file (``benchmarks/results/structured_accuracy_int8_h200.json``).
 
 The suite's cells are (family, dtype, head dim) at the file's shape and seeds, every query row. The model computes the
@@ -19,7 +19,8 @@ from typing import Dict, List, Optional
 import torch
 
 from ..testing import exact_attention, relative_error
-from .sage2_model import SAGE_Q_WARP, sage2_sm90_attention
+from .provenance import finish, module_command
+from .sage2_model import SAGE_Q_WARP, sage2_hopper_attention
 from .structured_inputs import FAMILIES
 from .structured_suite import DTYPES
 
@@ -44,7 +45,7 @@ def model_cell(family: str, dtype: str, d: int, shape, seeds: int, rows: Optiona
         q, k, v = (t[:, :heads] for t in FAMILIES[family](b, h, s, d, DTYPES[dtype], "cpu", seed))
         sel = block_rows(s, rows, seed)
         ref = exact_attention(q if sel is None else q[:, :, sel], k, v, scale=1.0 / math.sqrt(d))[0]
-        out = sage2_sm90_attention(q, k, v, scale=1.0 / math.sqrt(d), q_rows=sel, acc_mant_bits=acc_mant_bits)
+        out = sage2_hopper_attention(q, k, v, scale=1.0 / math.sqrt(d), q_rows=sel, acc_mant_bits=acc_mant_bits)
         errs.append(relative_error(out, ref))
     return sum(errs) / len(errs)
 
@@ -101,13 +102,9 @@ def main(argv=None) -> None:
         measured = json.load(fh)
     out = compare(measured, args.rows or None, args.families.split(",") if args.families else None,
                   args.acc_mant_bits, args.heads, args.seeds)
-    out["command"] = "python -m fsattn_diffusers.measure.sage2_check " + " ".join(argv or __import__("sys").argv[1:])
-    out["measured_file"] = {"command": measured["meta"].get("command"), "date": measured["meta"].get("date"),
-                            "commit": measured["meta"].get("commit"), "device": measured["meta"].get("device")}
-    print(json.dumps(out["summary"], indent=1))
-    if args.json:
-        with open(args.json, "w") as fh:
-            json.dump(out, fh, indent=1)
+    out["command"] = module_command(__spec__.name, argv)
+    out["measured_file"] = {key: measured["meta"].get(key) for key in ("command", "date", "commit", "device")}
+    finish(out, args.json, out["summary"])
 
 
 if __name__ == "__main__":

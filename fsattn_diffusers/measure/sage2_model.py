@@ -1,9 +1,10 @@
-"""A CPU model of SageAttention 2's sm90 kernel (``sageattn`` on Hopper), a measurement peer for the structured suite.
+"""A CPU model of SageAttention 2's Hopper kernel (``sageattn`` on Hopper), a measurement peer for the structured suite.
 
 What ``sageattn(q, k, v, tensor_layout="HND", is_causal=False)`` computes on an H200 (SageAttention 2.2.0, d1a57a5:
-``sageattention/core.py`` ``sageattn_qk_int8_pv_fp8_cuda_sm90`` with its defaults ``qk_quant_gran="per_thread"``,
-``smooth_k=True``, ``pv_accum_dtype="fp32+fp32"``; ``triton/quant_per_thread.py``; ``quant.per_channel_fp8`` with
-``smooth_v=False``; ``csrc/qattn/qk_int_sv_f8_cuda_sm90.cu``, ``attn_utils.cuh`` ``update_mdo``):
+``sageattention/core.py``'s Hopper entry, :data:`fsattn_diffusers.integration.sage.HOPPER_ENTRY`, with its defaults
+``qk_quant_gran="per_thread"``, ``smooth_k=True``, ``pv_accum_dtype="fp32+fp32"``; ``triton/quant_per_thread.py``;
+``quant.per_channel_fp8`` with ``smooth_v=False``; the CUDA source of that entry's kernel in ``csrc/qattn/``,
+``attn_utils.cuh`` ``update_mdo``):
 
 * **K smoothing**: ``km = k.mean(seq)`` in the input dtype, ``k - km`` rounded to the input dtype.
 * **INT8 Q/K, per thread**: Q in groups of two rows, ``{16 b + t, 16 b + t + 8}`` (t < 8); K in groups of 32 keys of
@@ -66,9 +67,9 @@ def _k_groups(s: int) -> torch.Tensor:
     return (r // SAGE_TILE_K) * SAGE_K_GROUPS + (r % 8) // 2
 
 
-def sage2_sm90_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
+def sage2_hopper_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scale: Optional[float] = None,
                          q_rows: Optional[torch.Tensor] = None, acc_mant_bits: Optional[int] = None) -> torch.Tensor:
-    """SageAttention 2's sm90 ``sageattn`` as modelled above, on the CPU.
+    """SageAttention 2's ``sageattn`` on Hopper as modelled above, on the CPU.
 
     Parameters
     ----------
@@ -83,7 +84,7 @@ def sage2_sm90_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, scal
     (B, H, R, D) in q's dtype.
     """
     if q.dtype not in (torch.float16, torch.bfloat16):
-        raise ValueError(f"sage2_sm90_attention takes float16 or bfloat16 inputs, got {q.dtype}; accepted: "
+        raise ValueError(f"sage2_hopper_attention takes float16 or bfloat16 inputs, got {q.dtype}; accepted: "
                          f"torch.float16, torch.bfloat16")
     b, h, s_q, d = q.shape
     s_k = k.shape[2]

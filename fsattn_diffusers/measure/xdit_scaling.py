@@ -50,9 +50,7 @@ import torch
 from . import e2e
 from . import cp_scaling as scaling
 from .cp_scaling import _barrier, _check_identical
-from .cp_scaling_report import (ABSOLUTE_FLOOR, BF16_TOLERANCE, MATCH_TIMESTEP, Recorder, _log, projection_lines,
-                                run_meta, table_lines)
-from .parallel_check import RELATIVE_TOLERANCE
+from .cp_scaling_report import Recorder, _log, model_facts, report_head, run_meta, table_lines, timing_note
 from .scaling_policies import PolicyKind, policy_kind, processor_policy
 
 #: xDiT slot of the stock bf16 kernel (self- and cross-attention).
@@ -199,38 +197,23 @@ def self_attention_timing(model, xf):
 def to_markdown(doc: dict) -> str:
     m = doc["meta"]
     w = m["world"]
-    lines = [f"# Wan2.2-A14B-size transformer on {w} GPUs: xDiT (xfuser) Ulysses / ring, fsattn as xDiT's "
-             f"attention kernel", "",
-             f"- Devices: {', '.join(m['devices'])}; torch {m['torch']}, triton {m['triton']}, "
-             f"diffusers {m['diffusers']}, xfuser {m.get('xfuser')}, yunchang {m.get('yunchang')}, "
-             f"python {m['python']}; {m['date']}; commit {m['commit']}.",
-             f"- Command: `{m['command']}`" + (f" (wrapper: `{m['wrapper']}`)" if m.get("wrapper") else "") + ".",
-             f"- Model: xDiT's `xFuserWanTransformer3DWrapper` with the {m['spec']['name']} config, "
-             f"{m['spec']['config']['num_layers']} layers, {m['spec']['config']['num_attention_heads']} heads x "
-             f"{m['spec']['config']['attention_head_dim']}, BF16, random N(0, 0.02) weights (same seed on every "
-             f"rank, checksum verified: {m.get('weights_identical')}); latent {tuple(m['spec']['latent'])} -> "
-             f"{m['spec']['tokens']} self-attention tokens, {m['spec']['text_tokens']} text tokens; a step = "
-             f"{m['spec']['calls_per_step']} transformer forwards (CFG), called directly.",
-             "- xDiT set up per setting as its runner does (`xFuserArgs.create_config`, `initialize_model_parallel`, "
+    notes = ["- xDiT set up per setting as its runner does (`xFuserArgs.create_config`, `initialize_model_parallel`, "
              "`initialize_runtime_state`); 1 GPU = `data_parallel_degree` = number of GPUs (each rank its own "
              f"sequence of one, policies split over the ranks); N GPUs = `ulysses_degree` = {w} or `ring_degree` = "
              f"{w}. The model shards the sequence and gathers the output itself; self-attention through xDiT's "
              "`USP`.",
-             f"- Per (setting, policy): {m['warmup']} untimed forward(s) (the first is the compared one-call output, "
-             f"t = {MATCH_TIMESTEP:g}), then {m['steps']} timed step(s); step = median.",
+             timing_note(m),
              f"- bf16 = stock xDiT attention, slot `{STOCK_SLOT}` (cuDNN SDPA), self- and cross-attention; sage = "
              f"xDiT's `{BACKEND_SLOTS['sage']}` slot (`sageattn`), self- and cross-attention; others = "
              f"fsattn (backend `{m['backend']}`) in xDiT's `{FSATTN_SLOT}` slot via `fsattn_diffusers.xdit.install` "
              f"for self-attention, cross-attention stays on `{STOCK_SLOT}`.",
              "- Attention share: CUDA events around every self-attention `USP` call (N GPUs: including the "
-             "Ulysses all-to-alls / ring exchange).",
-             *projection_lines(m),
-             f"- Match (one transformer call, N GPUs vs 1 GPU, both under xDiT; relative L2 / cosine over the whole "
-             f"output): bf16 passes at rel. error <= {BF16_TOLERANCE:g}; a quantized policy P passes when err(P, N "
-             f"GPUs vs bf16 1 GPU) <= {1 + RELATIVE_TOLERANCE:g} x err(P, 1 GPU vs bf16 1 GPU) + "
-             f"max({ABSOLUTE_FLOOR:g}, err(bf16, N GPUs vs 1 GPU) of the same mode).",
-             f"- Status: {doc['status']}.", ""]
-    return "\n".join(lines + table_lines(doc))
+             "Ulysses all-to-alls / ring exchange)."]
+    head = report_head(doc, "xDiT (xfuser) Ulysses / ring, fsattn as xDiT's attention kernel",
+                       f"xfuser {m.get('xfuser')}, yunchang {m.get('yunchang')}, ",
+                       f"xDiT's `xFuserWanTransformer3DWrapper` with the {model_facts(m)} transformer forwards (CFG), "
+                       "called directly.", notes, "both under xDiT; ")
+    return "\n".join(head + table_lines(doc))
 
 
 # ------------------------------------------------------------------------------------------------- worker

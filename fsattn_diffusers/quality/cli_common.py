@@ -1,4 +1,5 @@
-"""Arguments shared by ``fsattn sweep`` and ``fsattn capture``: the model and the video settings."""
+"""Arguments shared by the video commands (``fsattn generate``, ``sweep``, ``capture``, ``sensitivity``): the model and
+the video settings, and their one-line checks."""
 
 from __future__ import annotations
 
@@ -15,8 +16,9 @@ def add_video_arguments(p) -> None:
                         "default: the embedded tiny smoke model (random weights, noise-like video)")
     p.add_argument("--steps", type=int, default=None, help="denoising steps (default: the model's; smoke: 20)")
     p.add_argument("--frames", type=int, default=None, help="frames, 4k+1 (default: the model's; smoke: 17)")
-    p.add_argument("--height", type=int, default=None, help="multiple of 16 (default: the model's)")
-    p.add_argument("--width", type=int, default=None, help="multiple of 16 (default: the model's)")
+    for name in ("height", "width"):
+        p.add_argument(f"--{name}", type=int, default=None,
+                       help=f"multiple of {SIZE_MULTIPLE} (default: the model's; smoke: 128)")
     p.add_argument("--guidance", type=float, default=None, help="guidance scale (default: the model's)")
     p.add_argument("--guidance-2", type=float, default=None,
                    help="Wan2.2 low-noise expert guidance / HunyuanVideo true-CFG scale (default: the model's)")
@@ -26,8 +28,19 @@ def add_video_arguments(p) -> None:
     p.add_argument("--dtype", default="auto", choices=DTYPES, help="model dtype (default: bf16 on CUDA, fp32 else)")
 
 
-def check_video_arguments(args, usage_error) -> None:
-    """Raise ``usage_error`` (one line) for a bad size, frame count, step count or fsattn backend name."""
+def check_video_arguments(args, usage_error, **minimums: int) -> None:
+    """Raise ``usage_error`` (one line) for a bad size, frame count, step count or fsattn backend name, or for an
+    argument below its minimum.
+
+    Parameters
+    ----------
+    args : argparse.Namespace
+    usage_error : type
+        The exception raised (the command line's ``UsageError``).
+    **minimums : int
+        Further ``dest=minimum`` pairs (``rows=1``): ``--rows 0 must be >= 1``; an argument left at None is not
+        checked.
+    """
     for name in ("height", "width"):
         value = getattr(args, name)
         if value is not None and (value < SIZE_MULTIPLE or value % SIZE_MULTIPLE):
@@ -36,8 +49,10 @@ def check_video_arguments(args, usage_error) -> None:
         low = max(1, (args.frames - 1) // TEMPORAL_STRIDE * TEMPORAL_STRIDE + 1)
         raise usage_error(f"--frames {args.frames} is not 4k + 1 (the VAE compresses time by 4); "
                           f"try {low} or {low + TEMPORAL_STRIDE}")
-    if args.steps is not None and args.steps < 1:
-        raise usage_error(f"--steps {args.steps} must be >= 1")
+    for name, low in dict(steps=1, **minimums).items():
+        value = getattr(args, name)
+        if value is not None and value < low:
+            raise usage_error(f"--{name.replace('_', '-')} {value} must be >= {low}")
     backend = getattr(args, "backend", "auto")
     if backend != "auto":
         from ..backends import registered

@@ -20,7 +20,7 @@ Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32
 ``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
 in fp32 on the tensor cores, so O and ``l`` are chained in the wgmma accumulators across key tiles. Keys past
 ``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop.
-The reference is :func:`fsattn_diffusers.emulator.sm90_reference_attention` with the ``int8-bf16`` recipe.
+The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the ``int8-bf16`` recipe.
 """
 
 from __future__ import annotations
@@ -30,9 +30,9 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon_pingpong import (LN2, MAGIC, ONES_N, WG_ROWS, _key_tile, _lowering_trigger,
-                                             _record_rollback, _rollback_reference, _runs_this_launch, _warp_any,
-                                             _warp_vote_declare)
+from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS
+from .gluon_key_loop import (_key_tile, _lowering_trigger, _record_rollback, _rollback_reference, _runs_this_launch,
+                             _warp_any, _warp_vote_declare)
 from .gluon_mxfp6_p import D_BITS
 
 # 1.5 * 2^23 as fp32 bits: an int32 s < 2^22 in magnitude added to them gives the fp32 value 1.5 * 2^23 + s.

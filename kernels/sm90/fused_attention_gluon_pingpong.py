@@ -40,7 +40,9 @@ from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.exponent import LN2 as _LN2
 
 from ..common import RNE_MAGIC
-from .constants import FLOOR_LIMIT, KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2
+from .constants import KEY_TERM_COLS, QX_MAX_LOG2, QX_MIN_LOG2
+from .gluon_key_loop import (_key_tile, _lowering_trigger, _record_rollback, _rollback_reference, _runs_this_launch,
+                             _warp_any, _warp_vote_declare)
 from .gluon_mxfp6_p import D_BITS, block_max, stage_a_mxfp6, stage_b_mxfp6
 
 # Rows of the query tile per warpgroup (wgmma's M).
@@ -61,35 +63,6 @@ GRID_LOG2 = gl.constexpr(10)
 def _pow2(e):
     """2^e for an int32 exponent in the normal range (bit construction)."""
     return ((e + 127) << 23).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _lowering_trigger(m, m_high, FLOOR):
-    """The peak (doublings) below which a key tile lowers the reference: ``m - FLOOR``, or -inf once that would leave
-    ``m_high - FLOOR_LIMIT`` (emulator.lowering_gate; ``FLOOR = inf`` never lowers)."""
-    return gl.where(m - FLOOR > m_high - FLOOR_LIMIT, m - FLOOR, float("-inf"))
-
-
-@gluon.jit
-def _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID: gl.constexpr):
-    """The rollback of the fired rows (Algorithm 1, and a lowering): ``(m, m_high, lo, c, down)`` with the new
-    reference on the integer-doubling steps ``delta`` (0 on the other rows), never more than FLOOR_LIMIT below
-    ``m_high``; Stage-A's constant ``c`` on its grid of ``GRID`` steps per doubling, and ``down = 2^-delta``, the
-    factor O and l are rescaled by."""
-    delta = gl.where(fire, gl.maximum(gl.ceil(xmax - m), m_high - FLOOR_LIMIT - m), 0.0)
-    m = m + delta
-    m_high = gl.maximum(m_high, m)
-    return m, m_high, _lowering_trigger(m, m_high, FLOOR), c - GRID * delta, gl.exp2(-delta)
-
-
-@gluon.jit
-def _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows):
-    """Count the fired rows in ``nfired`` (returned) and set key tile ``t``'s bit of this query tile's rollback words
-    (FLAGS, NKW words per query tile; none when NKW is 0)."""
-    nfired += (fire & row_ok).to(gl.int32)
-    gl.atomic_or(FLAGS + (bh * (SQP // 128) + pid_m) * NKW + t // 32 + rows * 0,
-                 (1 << (t % 32)) + rows * 0, mask=fire & (NKW > 0))
-    return nfired
 
 
 @gluon.jit
@@ -129,69 +102,6 @@ def _words_to_fp8(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr)
     w4 = gl.convert_layout(w4, p_layout)
     return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r,r,r", [w4], dtype=gl.float8e4nv, is_pure=True,
                                      pack=4)
-
-
-def _vote_asm(reg: str):
-    """PTX of the per-warp gate vote through predicate register ``reg``: (declare it, vote into it, read it)."""
-    return (gl.constexpr(f".reg .pred {reg}; mov.b32 $0, $1;"),
-            gl.constexpr("{ .reg .pred a, b; setp.ne.b32 a, $2, 0; setp.ne.b32 b, $3, 0; or.pred a, a, b; "
-                         f"vote.sync.any.pred {reg}, a, -1; }} mov.b32 $0, 0; mov.b32 $1, 0;"),
-            gl.constexpr(f"selp.b32 $0, $1, 0, {reg};"))
-
-
-# One predicate register per warpgroup partition: both partitions are lowered into one PTX function.
-VOTE_DECLARE_0, VOTE_0, VOTE_READ_0 = _vote_asm("%fsa_vote0")
-VOTE_DECLARE_1, VOTE_1, VOTE_READ_1 = _vote_asm("%fsa_vote1")
-
-
-@gluon.jit
-def _warp_vote_declare(WG: gl.constexpr):
-    """Declare the PTX predicate register that carries :func:`_warp_any`'s vote. Emitted once, before the key loop."""
-    if WG == 0:
-        gl.inline_asm_elementwise(VOTE_DECLARE_0, "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise(VOTE_DECLARE_1, "=r,r", [gl.program_id(0)], dtype=gl.int32, is_pure=False, pack=1)
-
-
-@gluon.jit
-def _warp_any(fire, WG: gl.constexpr):
-    """Whether any row of this warp fired, as a scalar that is uniform per warp (not per warpgroup).
-
-    Each thread ORs its two rows' flags and ``vote.sync.any`` writes the warp's answer into the predicate register
-    declared by :func:`_warp_vote_declare`; a second asm block, whose only argument is a scalar, reads it back, so
-    Gluon types the result as a scalar. Both blocks have side effects, so they stay in order. A warpgroup-wide
-    ``gl.max`` here cost two BAR.SYNC per key tile and ~8% of the kernel on the H200; the rollback body is
-    thread-local, so warps of one warpgroup may take it independently.
-    """
-    f = fire.to(gl.int32)
-    one = f.shape[0] // f.shape[0]
-    if WG == 0:
-        gl.inline_asm_elementwise(VOTE_0, "=r,=r,r,r", [f], dtype=gl.int32, is_pure=False, pack=2)  # 2 rows/thread
-        v = gl.inline_asm_elementwise(VOTE_READ_0, "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
-    else:
-        gl.inline_asm_elementwise(VOTE_1, "=r,=r,r,r", [f], dtype=gl.int32, is_pure=False, pack=2)
-        v = gl.inline_asm_elementwise(VOTE_READ_1, "=r,r", [one], dtype=gl.int32, is_pure=False, pack=1)
-    return v != 0
-
-
-@gluon.jit
-def _key_tile(j, j0, n_tiles, DIAGONAL: gl.constexpr):
-    """The key tile of visit ``j`` (0 <= j < 2 n_tiles): ``j`` itself, or with ``DIAGONAL`` the visits start at tile
-    ``j0`` and wrap around."""
-    t = j
-    if DIAGONAL:
-        t = j0 + j
-        t = gl.where(t >= n_tiles, t - n_tiles, t)
-    return t
-
-
-@gluon.jit
-def _runs_this_launch(TSEL, bh, SETTING: gl.constexpr, TERM_SEL: gl.constexpr):
-    """Whether slice ``bh`` works in this launch: always, or (``TERM_SEL``) if its switch TSEL equals ``SETTING``."""
-    run = True
-    if TERM_SEL:
-        run = (gl.load(TSEL + bh) != 0) == SETTING
-    return run
 
 
 @gluon.jit
@@ -259,7 +169,42 @@ def _tile_peaks(s, P_MX: gl.constexpr, srow: gl.constexpr, BM: gl.constexpr, BN:
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAGONAL: gl.constexpr, q_smem, qbar,
+def _issue_pv(pa, v_tile, o, ot, zero_o, visit, O_PROMOTE: gl.constexpr):
+    """Issue the PV GEMM of key visit ``visit`` (async): ``(o, ot)`` with the pending accumulator in one of them.
+
+    ``O_PROMOTE`` key tiles per fp32 promotion of O (``Recipe.o_promotion_tiles``; NUMERICS.md section 6): 1 sums each
+    tile's product in a zero accumulator, added to O in fp32 after the wait; ``n`` > 1 chains the products of ``n``
+    consecutive visits in one accumulator (``ot``, zeroed at every ``n``-th visit) before adding it; 0 chains every
+    tile onto O itself. The FP8 wgmma keeps about 13 bits below the largest exponent it adds, so a chain onto a
+    growing sum cuts each later product at the sum's magnitude (numerics_accumulation)."""
+    if O_PROMOTE == 0:
+        o = warpgroup_mma(pa, v_tile.permute((1, 0)), o, is_async=True)
+    elif O_PROMOTE == 1:
+        ot = warpgroup_mma(pa, v_tile.permute((1, 0)), zero_o, use_acc=False, is_async=True)
+    else:
+        ot = warpgroup_mma(pa, v_tile.permute((1, 0)), ot, use_acc=visit % O_PROMOTE != 0, is_async=True)
+    return o, ot
+
+
+@gluon.jit
+def _wait_pv(o, ot, p, visit, O_PROMOTE: gl.constexpr, LAST: gl.constexpr = False):
+    """Wait for every pending wgmma (``p`` rides along as a dependency) and promote: O += the chunk's sum after the
+    last visit of a chunk of ``O_PROMOTE`` (:func:`_issue_pv`), and after the last visit (``LAST``). Returns
+    ``(o, ot, p)``."""
+    if O_PROMOTE == 0:
+        o, p = warpgroup_mma_wait(0, deps=(o, p))
+    else:
+        ot, p = warpgroup_mma_wait(0, deps=(ot, p))
+        if O_PROMOTE == 1 or LAST:
+            o = o + ot
+        elif (visit + 1) % O_PROMOTE == 0:
+            o = o + ot
+    return o, ot, p
+
+
+@gluon.jit
+def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAGONAL: gl.constexpr,
+              O_PROMOTE: gl.constexpr, q_smem, qbar,
               k_smem, v_smem, kvbar,
               empty, ones_smem, onesbar, qx_smem, kx_smem, k_desc, v_desc, kx_desc, QE, KE, VS, OUT, LSE, STATS,
               FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR,
@@ -310,6 +255,7 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
     zero_o = gl.zeros([BM, D], gl.float32, o_layout)
+    ot = zero_o  # the FP8 wgmma's accumulator of the current chunk of O_PROMOTE key tiles
     l = gl.zeros([BM], gl.float32, srow)  # MXFP6 P: the row sum; fp8_row P: set from lsum after the loop
     lt = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # one key tile's P8 @ ones (every column the row sum)
     lsum = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # their fp32 sum
@@ -344,9 +290,8 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
             s = _issue_scores(qs, k_smem.index(slot), qx_smem, kx_smem.index(slot), zero_s, KEY_TERM)
             if not P_MX:
                 lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)  # before the PV GEMM: waited with S_j
-            # P V of tile j-1 into a zero accumulator, added to O in fp32 after the wait: chained onto O, the FP8
-            # accumulation (~13 bits below the largest exponent it adds) cut each tile's products at O's magnitude
-            ot = warpgroup_mma(pa, v_smem.index(prev).permute((1, 0)), zero_o, use_acc=False, is_async=True)
+            # P V of tile j-1 (_issue_pv: into the chunk accumulator, added to O in fp32 every O_PROMOTE tiles)
+            o, ot = _issue_pv(pa, v_smem.index(prev), o, ot, zero_o, j - 1, O_PROMOTE)
             if P_MX:
                 s = warpgroup_mma_wait(1, deps=(s,))
             else:
@@ -361,8 +306,11 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
             low_before = low
             anyfire = _warp_any(fire, WG)  # this warp only
             p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
-            ot, p = warpgroup_mma_wait(0, deps=(ot, p))
-            o = o + ot
+            if O_PROMOTE > 1:  # Stage-B before the wait: P's 16 words instead of its 64 beside the pending chunk
+                pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)
+                o, ot, pw = _wait_pv(o, ot, pw, j - 1, O_PROMOTE)
+            else:
+                o, ot, p = _wait_pv(o, ot, p, j - 1, O_PROMOTE)
             mbarrier.arrive(empty.index(prev))  # this warpgroup is done with K/V of tile j-1
             if WG == 1:  # refill the slot once both warpgroups have released it
                 mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
@@ -377,22 +325,26 @@ def _consumer(WG: gl.constexpr, KEY_TERM: gl.constexpr, P_MX: gl.constexpr, DIAG
                 else:
                     lsum = lsum * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
                 o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
+                if O_PROMOTE > 1:  # the chunk's partial sum (stale right after a promotion, then overwritten)
+                    ot = ot * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
                 nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
                 p, e128 = _stage_a_any(s, bmax, e_t, c, P_MX, BM, BN)
-            pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)  # now: the GEMM issue window holds no conversion
+                if O_PROMOTE > 1:
+                    pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)
+            if O_PROMOTE <= 1:  # here, the GEMM issue window holds no conversion
+                pw, psum = _stage_b_any(p, e128, p_layout, P_MX, BM, BN)
             if P_MX:
                 l = l + gl.convert_layout(psum, srow)
         last = (n_tiles - 1) % STAGES  # the slot of the last visit
         pa = _words_to_fp8(pw, p_layout, BM, BN)
         if not P_MX:
             lt = warpgroup_mma(pa, ones, lt, use_acc=False, is_async=True)
-        ot = warpgroup_mma(pa, v_smem.index(last).permute((1, 0)), zero_o, use_acc=False, is_async=True)
+        o, ot = _issue_pv(pa, v_smem.index(last), o, ot, zero_o, n_tiles - 1, O_PROMOTE)
         if P_MX:
-            ot = warpgroup_mma_wait(0, deps=(ot,))
+            o, ot, l = _wait_pv(o, ot, l, n_tiles - 1, O_PROMOTE, True)
         else:
-            ot, lt = warpgroup_mma_wait(0, deps=(ot, lt))
+            o, ot, lt = _wait_pv(o, ot, lt, n_tiles - 1, O_PROMOTE, True)
             l = gl.convert_layout(gl.max(lsum + lt, axis=1), srow)  # every column holds the row sum
-        o = o + ot
 
     dcol = gl.arange(0, D, layout=ocol)
     orows = row0 + gl.arange(0, BM, layout=orow)
@@ -417,7 +369,8 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
                                      SIGMA: gl.constexpr,
                                      STAGES: gl.constexpr, REGS: gl.constexpr, KEY_TERM: gl.constexpr = False,
                                      TERM_SEL: gl.constexpr = False, P_MX: gl.constexpr = False,
-                                     DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0):
+                                     DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0,
+                                     O_PROMOTE: gl.constexpr = 1):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 viewed as (B*H*SQP, D), block (64, D).
@@ -433,6 +386,7 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
     DIAGONAL : ``Recipe.key_order == "diagonal"``: query tile ``pid_m`` visits the key tiles from
         ``floor(pid_m * n_tiles / (SQP / 128))`` on (``n_tiles`` those holding valid keys), else from tile 0.
     M_OFFSET : doublings added to the frozen reference (``Recipe.frozen_max_offset_log2``, a multiple of 1/128).
+    O_PROMOTE : key tiles per fp32 promotion of O (``Recipe.o_promotion_tiles``; 0: never), :func:`_issue_pv`.
     """
     pid_m = gl.program_id(0)
     bh = gl.program_id(1)
@@ -497,5 +451,5 @@ def fsattn_fwd_gluon_pingpong_kernel(q_desc, k_desc, v_desc, ones_desc, qx_desc,
                 kx_desc, QE, KE, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ,
                 SQP, SKP, WRITE_LSE, CAP, FLOOR, SIGMA, M_OFFSET)
         # one partition per 64-row warpgroup, both running _consumer (WG, KEY_TERM, P_MX, DIAGONAL as constexprs)
-        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX, DIAGONAL) + args),
-                            (_consumer, (gl.constexpr(1), KEY_TERM, P_MX, DIAGONAL) + args)], [4], [REGS])
+        gl.warp_specialize([(_consumer, (gl.constexpr(0), KEY_TERM, P_MX, DIAGONAL, O_PROMOTE) + args),
+                            (_consumer, (gl.constexpr(1), KEY_TERM, P_MX, DIAGONAL, O_PROMOTE) + args)], [4], [REGS])

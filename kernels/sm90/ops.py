@@ -150,6 +150,9 @@ def attention_from_operands(ops, out: torch.Tensor, plan: KernelPlan, s_q: int, 
         return _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_m, num_stages)
     from .fused_attention import fsattn_fwd_kernel
 
+    if plan.o_promotion != 1:
+        raise ValueError(f"triton kernel with o_promotion_tiles={plan.o_promotion or None}: it promotes O every key "
+                         "tile; accepted: 1, or variant 'gluon_pingpong' (a GPU) for other intervals")
     if plan.diagonal and 128 % block_m:
         raise ValueError(f"triton kernel with key_order='diagonal': block_m {block_m}; accepted: a divisor of 128 "
                          "(the order is set per 128-row query tile)")
@@ -232,7 +235,7 @@ def _launch_gluon_pingpong(ops, out, plan, s_q, s_k, kv_lens, lse, stats, block_
             D=d, BN=BLOCK_N, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(plan.gate_cap),
             FLOOR=plan.lowering_floor, SIGMA=float(plan.p_sigma),
             STAGES=num_stages, REGS=PP_WORKER_REGS, KEY_TERM=key_term, TERM_SEL=term_sel, P_MX=plan.p_mxfp6,
-            DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset, num_warps=4)
+            DIAGONAL=plan.diagonal, M_OFFSET=plan.seed_offset, O_PROMOTE=plan.o_promotion, num_warps=4)
     count_rollback_tiles(stats, tile_bits)
 
 

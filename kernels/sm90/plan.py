@@ -75,6 +75,8 @@ class KernelPlan:
     smooth_q_ratio2_bits: int = 0
     # the frozen reference raised by this many 1/128 doublings (Recipe.frozen_max_offset_log2 * 128)
     seed_offset_128: int = 0
+    # key tiles per fp32 promotion of O (Recipe.o_promotion_tiles; 0: never, O chained in the wgmma accumulator)
+    o_promotion: int = 1
 
     def key(self) -> str:
         """Compact string form (the custom op's argument); :func:`plan_from_key` inverts it."""
@@ -140,6 +142,9 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
         return f"p_scale_rule {recipe.p_scale_rule!r} for mxfp6 P (the Triton kernel uses floor)"
     if recipe.tile_n != 128:
         return f"tile_n {recipe.tile_n} (the Triton kernel's key tile is 128)"
+    if recipe.o_promotion_tiles != 1 and (not recipe.rollback or recipe.exponential == "rowmax_h15"):
+        return (f"o_promotion_tiles {recipe.o_promotion_tiles} without the gate or with Rowmax-H15 (these run the "
+                f"triton kernel, which promotes O every key tile; the gluon_pingpong kernel takes any interval)")
     return None
 
 
@@ -148,6 +153,8 @@ def _int8_unsupported(recipe) -> Optional[str]:
     if (recipe.p_format, recipe.v_format) != ("bf16", "bf16"):
         return (f"int8 Q/K with p_format {recipe.p_format!r}, v_format {recipe.v_format!r} (the INT8 kernel takes "
                 f"bf16 P and V)")
+    if recipe.key_order != "natural":
+        return f"int8 Q/K with key_order {recipe.key_order!r} (the INT8 kernel visits the key tiles in natural order)"
     if recipe.exponential not in INT8_EXPONENTIALS or recipe.proxy != "u16" or not recipe.frozen_max:
         return (f"int8 Q/K with exponential {recipe.exponential}/{recipe.proxy}, frozen_max {recipe.frozen_max} (the "
                 f"INT8 kernel takes {', '.join(INT8_EXPONENTIALS)} with the U16 proxy and the frozen maximum)")
@@ -183,6 +190,7 @@ def plan_for(recipe) -> KernelPlan:
         smooth_q_ratio2_bits=(struct.unpack("<I", struct.pack("<f", q_smoothing_ratio2(recipe.smooth_q_min_ratio)))[0]
                               if recipe.smooth_q else 0),
         seed_offset_128=int(recipe.frozen_max_offset_log2 * FROZEN_MAX_OFFSET_GRID),
+        o_promotion=recipe.o_promotion_tiles or 0,
     )
 
 
