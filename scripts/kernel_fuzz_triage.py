@@ -37,6 +37,7 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=int(os.environ.get("FSATTN_FUZZ_SEED", "0")))
     ap.add_argument("--cases", type=int, default=int(os.environ.get("FSATTN_FUZZ_CASES", "300")))
     ap.add_argument("--max-work", type=int, default=int(os.environ.get("FSATTN_FUZZ_MAX_WORK", "0")) or None)
+    ap.add_argument("--max-tiles", type=int, default=int(os.environ.get("FSATTN_FUZZ_MAX_TILES", "0")) or None)
     ap.add_argument("--recipes", default="", help="comma list of recipes to run each case's inputs under as well")
     a = ap.parse_args(argv)
     sys.path.insert(0, TESTS)
@@ -49,7 +50,7 @@ def main(argv=None) -> int:
         print("kernel_fuzz_triage: no failed case in the given logs; nothing to re-run")
         return 0
     cases = generate_cases(a.cases, fuzz.RECIPES, fuzz.FUZZ_VARIANTS, seed=a.seed,
-                           max_work=a.max_work or MAX_WORK)
+                           max_work=a.max_work or MAX_WORK, max_tiles=a.max_tiles)
     bad = [i for i in wanted if not 0 <= i < len(cases)]
     if bad:
         print(f"kernel_fuzz_triage: case indices {bad} are outside the list of {len(cases)}; "

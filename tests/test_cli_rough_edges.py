@@ -58,11 +58,34 @@ def _hub_env(tmp_path, **extra):
     return dict(UNREACHABLE, HF_HOME=str(tmp_path / "hf"), HF_HUB_CACHE=str(tmp_path / "hf" / "hub"), **extra)
 
 
-def test_generate_with_an_unreachable_hub_says_so_quickly(tmp_path):
+def test_generate_with_an_unreachable_hub_says_so_in_one_line(tmp_path):
     res = _run(["generate", "--model", "Wan-AI/Wan2.1-T2V-1.3B-Diffusers"], env=_hub_env(tmp_path))
     line = _one_line_error(res, "fsattn generate: error: cannot load Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
     assert "Hub (http://127.0.0.1:9) is unreachable" in line and "--model DIR" in line
-    assert res.seconds < 20  # diffusers alone retries for about 25 s before it gives up
+
+
+def test_an_unreachable_hub_is_found_quickly(tmp_path, monkeypatch):
+    """The model check that ``fsattn generate`` and the pipeline runners make (``runner.check_model``), timed in this
+    process after the imports, so that a start slowed by CPU sharing (pytest-xdist workers, other jobs) does not count:
+    one refused request, where a load through diffusers retries for about 25 s before it gives up."""
+    from huggingface_hub import constants
+
+    from fsattn_diffusers.integration import runner
+
+    monkeypatch.setattr(constants, "ENDPOINT", UNREACHABLE["HF_ENDPOINT"])
+    monkeypatch.setattr(constants, "HF_HUB_OFFLINE", False)
+    monkeypatch.setattr(constants, "HF_HUB_CACHE", str(tmp_path / "hub"))
+    runner.hub_unreachable_reason.cache_clear()
+    start = time.perf_counter()
+    try:
+        with pytest.raises(runner.LoadError) as err:
+            runner.check_model("Wan-AI/Wan2.1-T2V-1.3B-Diffusers")
+    finally:
+        seconds = time.perf_counter() - start
+        runner.hub_unreachable_reason.cache_clear()  # the next caller asks the Hub it is given
+    print(f"{seconds:.2f} s: {err.value}")
+    assert "Hub (http://127.0.0.1:9) is unreachable" in str(err.value)
+    assert seconds < runner.HUB_TIMEOUT_S
 
 
 def test_hub_offline_mode_is_named(tmp_path):
@@ -75,7 +98,7 @@ def test_hub_offline_mode_is_named(tmp_path):
 def test_pipeline_runners_give_one_line_for_an_unreachable_hub(runner, tmp_path):
     res = _run(["--prompt", "a cat"], env=_hub_env(tmp_path), module=f"fsattn_diffusers.pipelines.{runner}")
     line = _one_line_error(res, f"{runner}.py: error: cannot load")
-    assert "unreachable" in line and res.seconds < 20
+    assert "Hub (http://127.0.0.1:9) is unreachable" in line and "--model DIR" in line  # runner.check_model's answer
 
 
 def test_pipeline_runner_bad_policy_is_one_line(tmp_path):

@@ -2,14 +2,18 @@
 reference on the same GPU (harness, checks and tolerance rule: fsattn_diffusers.measure.kernel_fuzz).
 
 Cases: ``FSATTN_FUZZ_CASES`` (default 300), seed ``FSATTN_FUZZ_SEED`` (default 0), work cap
-``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK). One line per case and the worst case per recipe
+``FSATTN_FUZZ_MAX_WORK`` (default kernel_fuzz.MAX_WORK), tile cap ``FSATTN_FUZZ_MAX_TILES`` (default none:
+kernel_fuzz.tile_count, the interpreter's cost). One line per case and the worst case per recipe
 go to stdout and, when set, to the file ``FSATTN_FUZZ_LOG``.
 ``FSATTN_FUZZ_SLICE=a:b`` runs cases a..b-1 of the same seeded list (on the H200 a case takes ~1-7 s, cold compiles
 included: `scripts/gpu_suite_h200.sh fuzz` runs slices in several processes side by side on the one GPU).
+``FSATTN_FUZZ_PARTS=p`` (default 1) splits those cases into ``p`` consecutive parts, one test item each
+(``test_kernel_fuzz[part<j>of<p>]``), which pytest-xdist spreads over its workers (CI's interpreter stage); with
+``FSATTN_FUZZ_LOG`` set, part j writes ``<log>.part<j>``.
 Variants: kernels.sm90.ops.VARIANTS (``gluon_pingpong`` runs ``triton`` where it does not apply), plus ``api``: the
 public custom-op path (``kernels.sm90.ops.fused_attention``, the default variant) with the allocator poisoned.
 ``FSATTN_KERNEL_TEST_CPU=1 TRITON_INTERPRET=1`` runs it on the CPU through Triton's interpreter (slow: use a
-few cases and a small work cap, e.g. ``FSATTN_FUZZ_CASES=9 FSATTN_FUZZ_MAX_WORK=16384``).
+few cases and small caps, e.g. ``FSATTN_FUZZ_CASES=9 FSATTN_FUZZ_MAX_WORK=16384 FSATTN_FUZZ_MAX_TILES=8``).
 """
 
 import os
@@ -81,16 +85,29 @@ def kernel(q, k, v, recipe, kv, variant, scale, out, lse):
         lse += lse_offset(q, ops.k_mean, scale)
 
 
-def test_kernel_fuzz():
+PARTS = int(os.environ.get("FSATTN_FUZZ_PARTS", "1"))
+
+
+def _log_path(part: int) -> pathlib.Path:
+    log = os.environ.get("FSATTN_FUZZ_LOG", os.devnull)
+    return pathlib.Path(log if PARTS == 1 or log == os.devnull else f"{log}.part{part}")
+
+
+@pytest.mark.parametrize("part", range(PARTS), ids=[f"part{j}of{PARTS}" for j in range(PARTS)])
+def test_kernel_fuzz(part):
     n = int(os.environ.get("FSATTN_FUZZ_CASES", "300"))
     seed = int(os.environ.get("FSATTN_FUZZ_SEED", "0"))
     cap = int(os.environ.get("FSATTN_FUZZ_MAX_WORK", str(MAX_WORK)))
-    log_path = pathlib.Path(os.environ.get("FSATTN_FUZZ_LOG", os.devnull))
-    cases = generate_cases(n, RECIPES, FUZZ_VARIANTS, seed=seed, max_work=cap)
+    log_path = _log_path(part)
+    tiles = int(os.environ.get("FSATTN_FUZZ_MAX_TILES", "0")) or None
+    cases = generate_cases(n, RECIPES, FUZZ_VARIANTS, seed=seed, max_work=cap, max_tiles=tiles)
     first, _, last = os.environ.get("FSATTN_FUZZ_SLICE", f"0:{n}").partition(":")
     cases = cases[int(first):int(last or n)]
+    cases = cases[len(cases) * part // PARTS:len(cases) * (part + 1) // PARTS]
+    if not cases and PARTS > 1:
+        pytest.skip(f"part {part} of {PARTS} has no case (more parts than cases)")
     device = "CPU (Triton interpreter)" if CPU_INTERPRET else torch.cuda.get_device_name()
-    header = (f"kernel fuzz: cases {cases[0].index if cases else 0}-{cases[-1].index if cases else -1} of {n}, seed {seed}, work cap {cap}, recipes {RECIPES}, variants {FUZZ_VARIANTS}, "
+    header = (f"kernel fuzz: cases {cases[0].index if cases else 0}-{cases[-1].index if cases else -1} of {n}, seed {seed}, work cap {cap}, tile cap {tiles}, recipes {RECIPES}, variants {FUZZ_VARIANTS}, "
               f"{device}, torch {torch.__version__}, triton {triton.__version__}, "
               f"{time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}")
     print(header)

@@ -143,3 +143,17 @@ def test_switch_recipes_get_heads_on_both_sides_of_the_switch(layout, strided):
     assert sel.tolist() == [[True, False, True, False]] * 2
     assert not q_smoothing_heads(q0, get_recipe(case.recipe).smooth_q_min_ratio).any()  # drawn without the offset
     assert torch.equal(k, k0) and torch.equal(v, v0) and torch.equal(q[:, 1::2], q0[:, 1::2])
+
+
+def test_the_tile_cap_shrinks_sizes_and_keeps_the_pairs():
+    """FSATTN_FUZZ_MAX_TILES (CI's interpreter): every case within the cap, the same (recipe, variant) per index."""
+    from fsattn_diffusers.measure.kernel_fuzz import tile_count
+
+    pairs = (["mxfp8", "mxfp6"], ["triton", "api"])
+    free = generate_cases(40, *pairs, seed=3, max_work=16384)
+    capped = generate_cases(40, *pairs, seed=3, max_work=16384, max_tiles=4)
+    counts = [tile_count(c.b, c.h, c.s_q, c.s_k) for c in capped]
+    print("tile counts without / with the cap:", max(tile_count(c.b, c.h, c.s_q, c.s_k) for c in free), max(counts))
+    assert max(counts) <= 4 and max(tile_count(c.b, c.h, c.s_q, c.s_k) for c in free) > 4
+    assert [(c.recipe, c.variant) for c in capped] == [(c.recipe, c.variant) for c in free]
+    assert tile_count(1, 1, 1, 1) == 1 and tile_count(2, 3, 129, 256) == 2 * 3 * 2 * 2

@@ -27,7 +27,7 @@ from ..backends.rope import fused_rope
 from ..recipe import Recipe
 from ..smoothing import valid_prefix
 from .policy import Entry, FixedPolicy, entry_name, get_policy
-from .tracker import CallRecord, StepTracker
+from .tracker import CallRecord, StepTracker, run_eagerly
 
 
 def diffusers_backend_name(value) -> str:
@@ -64,6 +64,7 @@ class _FSAttnProcessorBase:
 
     def __init__(self, policy="mxfp8", backend: str = "auto", tracker: Optional[StepTracker] = None,
                  layer: Optional[str] = None):
+        run_eagerly(_FSAttnProcessorBase, "_choose_eager")
         self.policy = get_policy(policy)
         if tracker is None:
             if not self.policy.is_fixed:
@@ -106,7 +107,7 @@ class _FSAttnProcessorBase:
         planned = self.policy.entry
         return None if planned is None or self._fallback_note(attn, planned) is not None else planned
 
-    @torch.compiler.disable  # runs eagerly under torch.compile: guards see the entry, not step counters
+    # run_eagerly (from __init__): runs eagerly under torch.compile, guards see the entry, not step counters
     def _choose_eager(self, attn) -> Entry:
         step, num_steps = self.tracker.position()
         planned = self.policy.entry_at(step, num_steps)

@@ -194,25 +194,24 @@ def announce_backend(policies, backend: str, device) -> None:
     backend : str
         The backend asked for (``"auto"``: the automatic order); a baseline policy's own backend wins.
     device : torch.device or str
-        Where the attention runs. The backend named is the first of the order that is usable there; a call that
-        backend cannot take falls back at run time with its own notice. A policy that cannot plan its steps is
-        passed over here (its run reports the failure).
+        Where the attention runs. The backend named is the one :func:`fsattn_diffusers.backends.fast_path` picks
+        there for the policy's first fsattn step (the one asked for when it is usable there, else the automatic
+        order's first usable one, as a call falls back); a call that backend cannot take falls back at run time with
+        its own notice. A policy that cannot plan its steps is passed over here (its run reports the failure).
     """
-    from ..backends import auto_order, registered, warn_if_slow
+    from ..backends import fast_path, warn_if_slow
 
-    backends = registered()
     for policy in policies:
         try:
             entries = policy.schedule(policy.reference_steps or 1)
         except Exception:  # noqa: BLE001 - a policy that cannot plan fails in its run, which reports it
             continue
-        if all(entry is None for entry in entries):
+        recipe = next((entry for entry in entries if entry is not None), None)
+        if recipe is None:
             continue
-        name = policy.backend or backend
-        order = auto_order() if name == "auto" else [name]
-        usable = [n for n in order if n in backends and backends[n].available_on(torch.device(device)) is None]
-        if usable:
-            warn_if_slow(usable[0])
+        path = fast_path(recipe, torch.device(device), policy.backend or backend)
+        if path is not None:
+            warn_if_slow(path[0])
 
 
 def generate_video(pipe, prompt: str, *, out: str, height: int, width: int, num_frames: int, steps: int,

@@ -23,6 +23,21 @@ import torch
 from ..recipe import Recipe
 
 
+def run_eagerly(cls, *names: str) -> None:
+    """``torch.compiler.disable`` the methods ``names`` defined on ``cls``, once (their constructors call this).
+
+    Applied when the first instance is made rather than as a decorator: ``torch.compiler.disable`` imports
+    ``torch._dynamo`` (about 3 s of CPU), which a process that builds no tracker or processor (``fsattn --help``, the
+    command line's argument checks) then never imports. Instances are made before a model is compiled, so compiled
+    code sees the same disabled methods either way."""
+    for name in names:
+        method = cls.__dict__[name]
+        if not getattr(method, "_fsattn_run_eagerly", False):
+            eager = torch.compiler.disable(method)
+            eager._fsattn_run_eagerly = True
+            setattr(cls, name, eager)
+
+
 class CallRecord(NamedTuple):
     """One attention call: the step it belonged to and the numerics it ran.
 
@@ -62,6 +77,7 @@ class StepTracker:
     """
 
     def __init__(self, num_steps: Optional[int] = None, record: bool = True):
+        run_eagerly(StepTracker, "_on_transformer_call")
         self.num_steps = num_steps
         self.record = record
         self.records: List[CallRecord] = []
@@ -168,7 +184,7 @@ class StepTracker:
         for name, model in transformers:
             self.attach_transformer(model, name)
 
-    @torch.compiler.disable  # bookkeeping runs eagerly: no graph guards on step counters under compile
+    # run_eagerly (from __init__): bookkeeping runs eagerly, no graph guards on step counters under compile
     def _on_transformer_call(self, name: str, t: Optional[torch.Tensor]) -> None:
         self.transformer = name
         pipe_sched = getattr(self._pipe, "scheduler", None) if self._pipe is not None else None

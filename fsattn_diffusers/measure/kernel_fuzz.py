@@ -26,6 +26,7 @@ import torch
 
 from ..backends import reference_attention
 from ..recipe import get_recipe
+from ..sm90_numerics import TILE
 from ..testing import (KERNEL_ERR_ATOL, KERNEL_ERR_REL, KERNEL_REF_MAX, exact_attention, relative_error,
                        within_kernel_rule)
 from . import KERNEL_BACKEND
@@ -88,12 +89,20 @@ def _length(rng: random.Random) -> int:
     return min(S_MAX, max(1, int(round(math.exp(rng.uniform(0.0, math.log(S_MAX)))))))
 
 
+def tile_count(b: int, h: int, s_q: int, s_k: int) -> int:
+    """Tile pairs the kernels visit: ``B * H * ceil(S_q / TILE) * ceil(S_k / TILE)`` (:data:`TILE` query rows per
+    program and keys per tile). Triton's interpreter takes 1-5 s of CPU per tile pair, whatever the tile holds."""
+    return b * h * -(-s_q // TILE) * -(-s_k // TILE)
+
+
 def generate_cases(n: int, recipes: Sequence[str], variants: Sequence[str], seed: int = 0,
-                   max_work: int = MAX_WORK) -> List[Case]:
+                   max_work: int = MAX_WORK, max_tiles: Optional[int] = None) -> List[Case]:
     """``n`` cases; (recipe, variant) pairs round-robin, everything else drawn from ``seed``.
 
     Sizes: S_q, S_k log-uniform in [1, 20000] (a fifth from :data:`EDGE_LENGTHS`), B in 1-4, H in 1-48,
-    then H, B and the longer sequence halved until B * H * S_q * S_k <= ``max_work``.
+    then H, B and the longer sequence halved until B * H * S_q * S_k <= ``max_work`` and, with ``max_tiles``,
+    :func:`tile_count` <= ``max_tiles`` (the interpreter's cost). Each case's (recipe, variant) pair is the same
+    under any cap; its later draws (kv_lens, dtype, layout) may differ.
     """
     rng = random.Random(seed)
     pairs = [(r, v) for r in recipes for v in variants]
@@ -101,7 +110,7 @@ def generate_cases(n: int, recipes: Sequence[str], variants: Sequence[str], seed
     for i in range(n):
         recipe, variant = pairs[i % len(pairs)]
         b, h, s_q, s_k = rng.randint(1, 4), rng.randint(1, 48), _length(rng), _length(rng)
-        while b * h * s_q * s_k > max_work:
+        while b * h * s_q * s_k > max_work or (max_tiles is not None and tile_count(b, h, s_q, s_k) > max_tiles):
             if h > 1:
                 h = max(1, h // 2)
             elif b > 1:

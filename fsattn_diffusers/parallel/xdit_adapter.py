@@ -30,7 +30,7 @@ from ..api import attention, supported_head_dim
 from ..backends import warn_once
 from ..integration.install import step_summary, warn_slow_steps
 from ..integration.policy import Entry, entry_name, get_policy
-from ..integration.tracker import CallRecord, StepTracker
+from ..integration.tracker import CallRecord, StepTracker, run_eagerly
 
 #: xDiT slots whose stock kernel returns an LSE and which xDiT accepts with ring_degree > 1.
 RING_SLOTS = ("SDPA_FLASH", "SDPA_EFFICIENT", "CUDNN", "FLASH", "FLASH_3")
@@ -84,6 +84,7 @@ class XDiTAttention:
                  need_lse: Optional[Callable[[], bool]] = None, name: str = "xdit"):
         if not callable(fallback):
             raise ValueError(f"fallback must be the slot's stock kernel (callable), got {type(fallback).__name__}")
+        run_eagerly(XDiTAttention, "_choose")
         self.policy = get_policy(policy)
         self.fallback = fallback
         self.backend = backend
@@ -102,7 +103,7 @@ class XDiTAttention:
         self.tracker.ran_on(entry)
         return result if want_lse else (result, None)
 
-    @torch.compiler.disable  # eager bookkeeping: no graph guards on step counters under compile
+    # run_eagerly (from __init__): eager bookkeeping, no graph guards on step counters under compile
     def _choose(self, query, dropout_p, is_causal, attention_kwargs) -> Entry:
         if not self.policy.is_fixed and not self.following:
             warn_once(f"xdit:unfollowed:{self.policy.name}",
