@@ -112,6 +112,15 @@ def hide(monkeypatch) -> None:
     monkeypatch.setitem(sys.modules, "sageattention", None)
 
 
+def refuse_in_diffusers(monkeypatch) -> None:
+    """What diffusers decides when it is imported with a SageAttention older than it needs (1.0.6): its ``sage``
+    backend refused. diffusers decides once, at its own import: a test that runs after another imported it beside the
+    SageAttention 2 stand-in would otherwise see that decision."""
+    from diffusers.models import attention_dispatch as ad
+
+    monkeypatch.setattr(ad, "_CAN_USE_SAGE_ATTN", False)
+
+
 def accept_in_diffusers(monkeypatch, module) -> None:
     """What diffusers decides when it is imported with SageAttention 2 installed: its ``sage`` backend usable, calling
     ``module.sageattn`` (diffusers imports the entries once, at its own import)."""

@@ -91,6 +91,7 @@ def test_sage_missing_is_one_line(monkeypatch):
 def test_diffusers_refusing_106_says_what_is_imported(monkeypatch, tmp_path):
     """PyPI's 1.0.6: diffusers' sage backend wants >= 2.1.1 and refuses; the line says which SageAttention is here."""
     fake_sage.install(monkeypatch, tmp_path, kind="1", dist_version="1.0.6")
+    fake_sage.refuse_in_diffusers(monkeypatch)
     with pytest.raises(ValueError) as info:
         get_policy("sage")
     msg = str(info.value)
