@@ -1,6 +1,7 @@
 """Both attention kernels compile offline for sm_90a (Triton's bundled ptxas; no GPU) in every configuration of
-:mod:`fsattn_diffusers.measure.kernel_sass`, within the register file and without spills (``SPILLS_OUTSIDE_LOOPS``:
-none inside a key loop)."""
+:mod:`fsattn_diffusers.measure.kernel_sass`, within the register file, without spills (``SPILLS_OUTSIDE_LOOPS``:
+none inside a key loop) and without ptxas serializing the wgmma instructions (C7513; ``SERIALIZED_WGMMA_KNOWN``:
+those it does serialize)."""
 
 import pytest
 
@@ -19,6 +20,9 @@ def test_kernel_compiles_for_sm90a_without_spills(name):
     print(f"{name}: registers {regs}, spill-store bytes {spills}, local-memory instructions in key loops {in_loops}, "
           f"shared {kernel.metadata.shared} B, key loops {[sum(body.values()) for _, body, _ in loops]} instructions")
     assert regs and max(regs) <= 255
+    serialized = kernel_sass.serialized_wgmma(kernel)
+    print(f"{name}: ptxas serializes the wgmma instructions (C7513): {serialized}")
+    assert serialized == (name in kernel_sass.SERIALIZED_WGMMA_KNOWN)
     if name in kernel_sass.SPILLS_OUTSIDE_LOOPS:
         assert in_loops == 0
     else:

@@ -219,12 +219,33 @@ def local_memory_in_loops(sass: str) -> int:
     return sum(body["STL"] + body["LDL"] for _, body, _ in loops(sass))
 
 
+def ptxas_info(kernel) -> str:
+    """ptxas's ``-v`` report (stderr) on a compiled kernel's PTX."""
+    return subprocess.run([os.path.join(BIN, "ptxas"), f"-arch={PTXAS_ARCH}", "-v", "-o", os.devnull, "-"],
+                          input=kernel.asm["ptx"], capture_output=True, text=True).stderr
+
+
 def register_use(kernel):
     """ptxas's (registers per thread, spill-store bytes) of a compiled kernel, one entry per function it reports."""
-    ptxas = subprocess.run([os.path.join(BIN, "ptxas"), f"-arch={PTXAS_ARCH}", "-v", "-o", os.devnull, "-"],
-                           input=kernel.asm["ptx"], capture_output=True, text=True).stderr
+    ptxas = ptxas_info(kernel)
     return ([int(x) for x in re.findall(r"Used (\d+) registers", ptxas)],
             [int(x) for x in re.findall(r"(\d+) bytes spill stores", ptxas)])
+
+
+#: ptxas's note that it serializes the wgmma instructions (non-wgmma instructions define a wgmma's input registers
+#: inside its pipeline stage): every GEMM then waits for the one before it.
+SERIALIZED_WGMMA = "C7513"
+
+
+#: Configurations that ptxas serializes, knowingly: O's promotion every 2 key tiles makes P's words before the PV
+#: wait (else its loop-carried accumulator spills 688 B), and runs slower than promoting every tile (docs/design.md,
+#: "The FP8 tensor cores' accumulation").
+SERIALIZED_WGMMA_KNOWN = ("gluon_pingpong_promote2",)
+
+
+def serialized_wgmma(kernel) -> bool:
+    """True when ptxas serializes the kernel's wgmma instructions (:data:`SERIALIZED_WGMMA`)."""
+    return SERIALIZED_WGMMA in ptxas_info(kernel)
 
 
 def sass_text(kernel) -> str:
