@@ -28,12 +28,12 @@ fi
 mkdir -p "$OUT"
 OUT=$(cd "$OUT" && pwd)  # absolute: the cd below must not move it
 export OUT
+cd "$(dirname "${BASH_SOURCE[0]}")/.."
 # The device's copy has no .git: result files take their commit from FSATTN_COMMIT (measure.provenance.COMMIT_ENV),
 # which the caller writes into the command: FSATTN_COMMIT=<git rev-parse --short HEAD of the tree sent> OUT=$OUT ...
 if [[ -z ${FSATTN_COMMIT:-} && ! -e .git ]]; then
   echo "$(basename "$0"): FSATTN_COMMIT is not set; result files will record no commit" >&2
 fi
-cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
 # Once per machine and set of wheels, under a lock: two scripts started side by side both ran `pip --upgrade` into
 # /tmp/site, and one of them failed in pip's removal of the other's fresh copy (diffusers' package tree).

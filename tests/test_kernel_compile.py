@@ -13,14 +13,15 @@ kernel_sass = pytest.importorskip("fsattn_diffusers.measure.kernel_sass")
 def test_kernel_compiles_for_sm90a_without_spills(name):
     fn, kwargs = kernel_sass.CONFIGS[name]
     kernel = fn(**kwargs)
-    regs, spills = kernel_sass.register_use(kernel)
+    info = kernel_sass.ptxas_info(kernel)  # one ptxas run for the registers, spills and serialization
+    regs, spills = kernel_sass.register_use(kernel, info)
     sass = kernel_sass.sass_text(kernel)
     loops = kernel_sass.loops(sass)
     in_loops = kernel_sass.local_memory_in_loops(sass)
     print(f"{name}: registers {regs}, spill-store bytes {spills}, local-memory instructions in key loops {in_loops}, "
           f"shared {kernel.metadata.shared} B, key loops {[sum(body.values()) for _, body, _ in loops]} instructions")
     assert regs and max(regs) <= 255
-    serialized = kernel_sass.serialized_wgmma(kernel)
+    serialized = kernel_sass.serialized_wgmma(kernel, info)
     print(f"{name}: ptxas serializes the wgmma instructions (C7513): {serialized}")
     assert serialized == (name in kernel_sass.SERIALIZED_WGMMA_KNOWN)
     if name in kernel_sass.SPILLS_OUTSIDE_LOOPS:

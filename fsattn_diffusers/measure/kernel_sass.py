@@ -23,6 +23,7 @@ import re
 import subprocess
 import sys
 import tempfile
+from typing import Optional
 
 import triton
 from triton.backends.compiler import GPUTarget
@@ -225,9 +226,10 @@ def ptxas_info(kernel) -> str:
                           input=kernel.asm["ptx"], capture_output=True, text=True).stderr
 
 
-def register_use(kernel):
-    """ptxas's (registers per thread, spill-store bytes) of a compiled kernel, one entry per function it reports."""
-    ptxas = ptxas_info(kernel)
+def register_use(kernel, info: Optional[str] = None):
+    """ptxas's (registers per thread, spill-store bytes) of a compiled kernel, one entry per function it reports
+    (``info``: its :func:`ptxas_info`, when already taken)."""
+    ptxas = ptxas_info(kernel) if info is None else info
     return ([int(x) for x in re.findall(r"Used (\d+) registers", ptxas)],
             [int(x) for x in re.findall(r"(\d+) bytes spill stores", ptxas)])
 
@@ -243,9 +245,10 @@ SERIALIZED_WGMMA = "C7513"
 SERIALIZED_WGMMA_KNOWN = ("gluon_pingpong_promote2",)
 
 
-def serialized_wgmma(kernel) -> bool:
-    """True when ptxas serializes the kernel's wgmma instructions (:data:`SERIALIZED_WGMMA`)."""
-    return SERIALIZED_WGMMA in ptxas_info(kernel)
+def serialized_wgmma(kernel, info: Optional[str] = None) -> bool:
+    """True when ptxas serializes the kernel's wgmma instructions (:data:`SERIALIZED_WGMMA`; ``info`` as for
+    :func:`register_use`)."""
+    return SERIALIZED_WGMMA in (ptxas_info(kernel) if info is None else info)
 
 
 def sass_text(kernel) -> str:
