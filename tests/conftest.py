@@ -34,6 +34,7 @@ def pytest_cmdline_main(config):
         config.option.numprocesses = "auto"
 
 
+@pytest.hookimpl(optionalhook=True)  # pytest-xdist's hook: without the plugin (-p no:xdist) pytest ignores it
 def pytest_xdist_auto_num_workers(config):
     if os.environ.get("PYTEST_XDIST_AUTO_NUM_WORKERS"):
         return None  # pytest-xdist's own hook reads it
