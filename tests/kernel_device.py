@@ -47,6 +47,12 @@ def make(b, h, s_q, s_k, d, layout, seed=0, dtype=torch.bfloat16, spiky=False):
 sm90_reference_attention = functools.partial(reference_attention, "triton")
 
 
+def a_fragment_position(c: torch.Tensor) -> torch.Tensor:
+    """Where the attention kernels' V operand (V8T) stores key ``c``: c0 + 2 c3 + 4 c1 + 8 c2 within each aligned 16."""
+    r = c & 15
+    return (c - r) + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 1) * 4 + ((r >> 2) & 1) * 8
+
+
 def poison_allocator(nbytes=64 << 20) -> None:
     """Leave NaN in the caching allocator's free blocks so torch.empty hands back NaN (on a GPU)."""
     if DEV == "cuda":

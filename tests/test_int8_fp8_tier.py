@@ -27,7 +27,7 @@ def test_the_preset_resolves_and_names_its_numerics():
     r = get_recipe(INT8_FP8)
     assert (r.qk_format, r.p_format, r.v_format) == ("int8", "fp8_row", "fp8_channel")
     assert r.frozen_max and r.rollback and r.rowsum_gemm and r.hadamard and r.smooth_k and r.smooth_q
-    assert r.exponential == "exact" and r.key_order == "diagonal" and r.rollback_floor_log2 == 10
+    assert r.exponential == "exact" and r.key_order == "natural" and r.rollback_floor_log2 == 10
     assert r.o_promotion_tiles == 1 and VFormat("fp8_channel") is VFormat.FP8_CHANNEL
     assert get_recipe("int8-fp8+o_promotion_tiles=none").o_promotion_tiles is None
     assert r.replace(o_promotion_tiles=0).o_promotion_tiles is None  # 0: never, stored as None
@@ -38,6 +38,20 @@ def test_the_preset_resolves_and_names_its_numerics():
     assert isinstance(numerics_for(SM90), SM90Int8Numerics)
     with pytest.raises(ValueError, match="int8-fp8"):
         numerics_for(SM90.replace(v_format="mxfp8"))
+
+
+def test_the_int8_kernel_takes_the_preset_and_refuses_what_it_does_not_compute():
+    from fsattn_diffusers.kernels.sm90.plan import unsupported_reason
+
+    assert unsupported_reason(get_recipe(INT8_FP8), 128) is None
+    assert unsupported_reason(get_recipe("int8-fp8+v_format=fp8_tensor"), 64) is None
+    for name, words in (("int8-fp8+exponential=schraudolph", "exact exponential"),
+                        ("int8-fp8+o_promotion_tiles=2", "every key tile"),
+                        ("int8-fp8+key_order=diagonal", "natural order"),
+                        ("int8-fp8+v_format=bf16", "P/V")):
+        reason = unsupported_reason(get_recipe(name), 128)
+        print(f"{name}: {reason}")
+        assert reason and words in reason and "\n" not in reason
 
 
 def test_fp8_channel_v_table():

@@ -53,7 +53,8 @@ def test_the_key_count_is_never_a_compile_time_constant():
                                             ("gluon_int8_smooth_q_sel_off", "gluon_int8"),
                                             ("gluon_int8_smooth_q_sel", "gluon_int8_smooth_q"),
                                             ("gluon_int8_exact_smooth_q_sel_off", "gluon_int8_exact"),
-                                            ("gluon_int8_exact_smooth_q_sel", "gluon_int8_exact_smooth_q")])
+                                            ("gluon_int8_exact_smooth_q_sel", "gluon_int8_exact_smooth_q"),
+                                            ("gluon_int8_fp8_smooth_q_sel_off", "gluon_int8_fp8")])
 def test_the_q_smoothing_switch_keeps_each_key_loop_as_it_is(switched, plain):
     """Q smoothing's per-slice switch launches gluon_pingpong (and the INT8 kernel) once per setting with a per-program
     early return (``TERM_SEL``): its key loops must hold the single-setting kernel's instructions (counts per opcode;
@@ -133,12 +134,14 @@ def test_the_int8_kernel_settings_travel_as_a_string_that_torch_compile_builds_i
     from fsattn_diffusers.smoothing import q_smoothing_ratio2
 
     for name in ("int8-bf16", "int8-bf16+key_order=diagonal+rollback_floor_log2=10", "int8-bf16+rollback=false",
-                 "int8-bf16+smooth_q=true", "int8-bf16+smooth_q=true+smooth_q_min_ratio=0+exponential=exact"):
+                 "int8-bf16+smooth_q=true", "int8-bf16+smooth_q=true+smooth_q_min_ratio=0+exponential=exact",
+                 "int8-fp8", "int8-fp8+v_format=fp8_tensor+smooth_q=false"):
         recipe = get_recipe(name)
         key = settings_key(recipe)
         print(name, key)
         ratio2 = q_smoothing_ratio2(recipe.smooth_q_min_ratio) if recipe.smooth_q else None
-        assert parse_settings_key(key) == (recipe.hadamard_signs, recipe.smooth_k, ratio2, launch_args(recipe))
+        assert parse_settings_key(key) == (recipe.hadamard_signs, recipe.smooth_k, ratio2, recipe.v_format,
+                                           launch_args(recipe))
     recipe = get_recipe("int8-bf16")
     explained = torch._dynamo.explain(lambda x: x * len(settings_key(recipe)))(torch.ones(3))
     assert explained.graph_count == 1 and explained.graph_break_count == 0, explained.break_reasons
@@ -178,3 +181,32 @@ def test_the_mx_pre_pass_compiles_for_sm90a_in_its_gpu_configuration(recipe):
         regs, spills = kernel_sass.register_use(compiled)
         print(f"{recipe} {fn.__name__}: registers {regs}, spill-store bytes {spills}")
         assert regs and max(regs) <= 255
+
+
+def test_fp8_p_outside_its_numerics_is_refused_before_the_launch():
+    """The INT8 kernel's FP8 P runs the exact exponential, ``P 2^4`` and the gate's cap at most 4 only (sm90_numerics
+    difference 13): Schraudolph's patterns would saturate every P at 448. Refused with one line before any operand
+    is read, as is V's format against ``pv_fp8``."""
+    import torch
+
+    from fsattn_diffusers.kernels.sm90.ops_int8 import Int8Operands, attention_int8_from_operands, launch_args
+    from fsattn_diffusers.recipe import get_recipe
+
+    def ops(v_dtype):
+        z = torch.zeros
+        return Int8Operands(z(1, 1, 128, 128, dtype=torch.int8), z(1, 1, 128), z(1, 1, 128, 128, dtype=torch.int8),
+                            z(1, 1, 1), z(1, 1, 128, 128, dtype=v_dtype),
+                            z(1, 1, 128) if v_dtype != torch.bfloat16 else None, None, None, None)
+
+    out = torch.full((1, 1, 128, 128), float("nan"))
+    fp8 = launch_args(get_recipe("int8-fp8"))
+    for bad in (dict(exp2=0), dict(sigma=3.0), dict(cap=32.0)):
+        with pytest.raises(ValueError, match="FP8 P") as info:
+            attention_int8_from_operands(ops(torch.float8_e4m3fn), out, 128, 128, **{**fp8, **bad})
+        print(info.value)
+        assert "\n" not in str(info.value)
+    with pytest.raises(ValueError, match="pv_fp8"):
+        attention_int8_from_operands(ops(torch.bfloat16), out, 128, 128, **fp8)
+    with pytest.raises(ValueError, match="pv_fp8"):
+        attention_int8_from_operands(ops(torch.float8_e4m3fn), out, 128, 128, **launch_args(get_recipe("int8-bf16")))
+    assert bool(out.isnan().all())

@@ -17,7 +17,7 @@ import math
 import pytest
 import torch
 
-from kernel_device import (CPU_INTERPRET, DEV, kernel_on_operands, make, poison_allocator, rel,  # noqa: E402
+from kernel_device import (CPU_INTERPRET, DEV, a_fragment_position, kernel_on_operands, make, poison_allocator, rel,  # noqa: E402
                            skip_module_without_sm90)
 
 skip_module_without_sm90()
@@ -267,12 +267,6 @@ def test_padded_keys_do_not_change_the_output(recipe, variant):
     assert torch.equal(o1, o2) and torch.equal(l1, l2)
 
 
-def _a_fragment_position(c: torch.Tensor) -> torch.Tensor:
-    """Where the attention kernels' V operand stores key ``c``: c0 + 2 c3 + 4 c1 + 8 c2 within each aligned 16."""
-    r = c & 15
-    return (c - r) + (r & 1) + ((r >> 3) & 1) * 2 + ((r >> 1) & 1) * 4 + ((r >> 2) & 1) * 8
-
-
 @pytest.mark.parametrize("recipe", ["mxfp8", "mxfp6"])
 def test_permuted_v_is_a_key_permutation(recipe):
     """The attention kernels' V operand (PERM_V) holds the same bytes as the plain one, keys of every aligned group
@@ -284,7 +278,7 @@ def test_permuted_v_is_a_key_permutation(recipe):
     plan = plan_for(PRESETS[recipe])
     plain, vs_plain = prepare_v(v, plan, kv_lens=torch.tensor([300, 211], dtype=torch.int32, device=DEV))
     perm, vs_perm = prepare_v(v, plan, kv_lens=torch.tensor([300, 211], dtype=torch.int32, device=DEV), perm=True)
-    pos = _a_fragment_position(torch.arange(plain.shape[-1], device=DEV))
+    pos = a_fragment_position(torch.arange(plain.shape[-1], device=DEV))
     expect = torch.empty_like(plain.view(torch.uint8))
     expect[..., pos] = plain.view(torch.uint8)
     mismatches = int((expect != perm.view(torch.uint8)).sum())
@@ -377,7 +371,7 @@ def test_prepass_operands_equal_the_sm90_reference(recipe, shape):
         assert bdiff <= FP32_ACCUMULATED * float(want_b.abs().max()) + FP32_ROUNDOFF
     qv = (q8.float() * torch.exp2(qe.float()).repeat_interleave(128, dim=2)[..., None])[:, :, :s_q]
     kv_ = (k8.float() * torch.exp2(ke.float()).repeat_interleave(128, dim=2)[..., None])[:, :, :s_k]
-    v8t = v8t[..., _a_fragment_position(torch.arange(v8t.shape[-1], device=DEV))]  # back to key order
+    v8t = v8t[..., a_fragment_position(torch.arange(v8t.shape[-1], device=DEV))]  # back to key order
     vv = (v8t.float() * vs[..., None]).transpose(-1, -2)[:, :, :s_k]
     if valid is not None:  # keys past kv_lens: whatever the reference carries there is never read
         kv_, kc = (torch.where(valid[:, None, :, None], t, torch.zeros_like(t)) for t in (kv_, kc))

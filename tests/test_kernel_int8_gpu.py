@@ -1,5 +1,6 @@
-"""The INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) on an sm_90 GPU, against its reference
-(:class:`fsattn_diffusers.numerics.SM90Int8Numerics`, ``sm90_reference_attention``) and exact attention.
+"""The INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) on an sm_90 GPU, both tiers (``int8-bf16``, and
+``int8-fp8`` with FP8 P and V), against its reference (:class:`fsattn_diffusers.numerics.SM90Int8Numerics`,
+``sm90_reference_attention``) and exact attention.
 
 Rule (fsattn_diffusers.testing): the kernel's error against exact attention equals the reference's within
 ``within_kernel_rule``, the two outputs lie within INT8_KERNEL_REF_MAX (2^-10) of each other, the LSE within
@@ -21,12 +22,13 @@ import fsattn_diffusers as fa  # noqa: E402
 from fsattn_diffusers.backends import LAST_RAN  # noqa: E402
 from kernel_device import sm90_reference_attention  # noqa: E402
 from fsattn_diffusers.measure.structured_inputs import FAMILIES  # noqa: E402
-from fsattn_diffusers.recipe import INT8_BF16, get_recipe  # noqa: E402
+from fsattn_diffusers.recipe import INT8_BF16, INT8_FP8, get_recipe  # noqa: E402
 from fsattn_diffusers.testing import (INT8_KERNEL_REF_MAX, INT8_LSE_MAX, exact_attention, relative_error,  # noqa: E402
                                       within_kernel_rule)
 from tolerances import INT8_OVER_MXFP8_MAX
 
 RECIPE = get_recipe(INT8_BF16)
+TIERS = (INT8_BF16, INT8_FP8)
 
 
 def _same(a, b):
@@ -57,27 +59,30 @@ def _check(q, k, v, kv_lens=None, label="", recipe=RECIPE, lse_max=INT8_LSE_MAX)
     return out, lse_diff
 
 
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("family", ["gaussian", "sharp", "k_channel_outliers", "offset_uniform_k", "locality",
                                     "attention_sink", "clustered", "v_channel_outliers"])
 @pytest.mark.parametrize("d,dtype", [(128, torch.bfloat16), (64, torch.float16)])
-def test_structured_families_match_the_reference(family, d, dtype):
+def test_structured_families_match_the_reference(family, d, dtype, tier):
     q, k, v = FAMILIES[family](1, 3, 1000, d, dtype, "cuda", 0)
-    _check(q, k, v, label=family)
+    _check(q, k, v, label=f"{tier} {family}", recipe=get_recipe(tier))
 
 
+@pytest.mark.parametrize("tier", TIERS)
 @pytest.mark.parametrize("shape,layout", [((2, 3, 300, 200, 64), "bshd"), ((1, 2, 257, 1000, 128), "bhsd"),
                                           ((2, 14, 9, 1, 128), "bshd"), ((1, 1, 128, 128, 128), "bhsd")])
-def test_awkward_shapes_and_layouts(shape, layout):
+def test_awkward_shapes_and_layouts(shape, layout, tier):
     q, k, v = make(*shape, layout)
-    _check(q, k, v, label=f"{layout}")
+    _check(q, k, v, label=f"{tier} {layout}", recipe=get_recipe(tier))
 
 
-def test_kv_lens_with_garbage_past_the_valid_keys_and_an_empty_entry():
+@pytest.mark.parametrize("tier", TIERS)
+def test_kv_lens_with_garbage_past_the_valid_keys_and_an_empty_entry(tier):
     q, k, v = make(3, 2, 130, 300, 128, "bhsd", seed=3)
     kv_lens = torch.tensor([129, 0, 300], device="cuda")
     k[0, :, 129:] = float("nan")
     v[0, :, 129:] = float("inf")
-    out, _ = _check(q, k, v, kv_lens=kv_lens, label="kv_lens")
+    out, _ = _check(q, k, v, kv_lens=kv_lens, label=f"{tier} kv_lens", recipe=get_recipe(tier))
     assert bool((out[1] == 0).all())
 
 
@@ -87,21 +92,34 @@ def _spiky():
     return q, k, v
 
 
-def test_the_gate_rolls_back_as_the_reference_does():
-    _check(*_spiky(), label="spiky")
+@pytest.mark.parametrize("tier", TIERS)
+def test_the_gate_rolls_back_as_the_reference_does(tier):
+    _check(*_spiky(), label=f"{tier} spiky", recipe=get_recipe(tier))
 
 
-def test_the_output_buffer_is_fully_written():
+@pytest.mark.parametrize("tier", TIERS)
+def test_the_output_buffer_is_fully_written(tier):
     q, k, v = make(1, 2, 200, 333, 128, "bhsd", seed=7)
-    from fsattn_diffusers.kernels.sm90.ops_int8 import attention_int8_from_operands, launch_args, prepass_int8
+    from fsattn_diffusers.kernels.sm90.ops_int8 import attention_int8_from_operands, prepass_for, settings_key
 
-    ops = prepass_int8(q, k, v, 128 ** -0.5)
+    recipe = get_recipe(tier).replace(smooth_q=False)
+    ops, launch = prepass_for(q, k, v, 128 ** -0.5, settings_key(recipe))
     out = torch.full_like(q, float("nan"))
-    attention_int8_from_operands(ops, out, 200, 333, **launch_args(RECIPE))
-    ref = sm90_reference_attention(q, k, v, RECIPE, scale=128 ** -0.5)[0]
+    attention_int8_from_operands(ops, out, 200, 333, **launch)
+    ref = sm90_reference_attention(q, k, v, recipe, scale=128 ** -0.5)[0]
     drift = relative_error(out, ref)
-    print(f"poisoned buffer: kernel-vs-ref {drift:.2e}")
+    print(f"{tier} poisoned buffer: kernel-vs-ref {drift:.2e}")
     assert bool(torch.isfinite(out).all()) and drift <= INT8_KERNEL_REF_MAX
+
+
+@pytest.mark.parametrize("s_k", [32768, 75600])
+@pytest.mark.parametrize("family", ["clustered", "sharp"])
+def test_fp8_pv_sums_o_in_fp32_over_long_key_ranges(family, s_k):
+    """The speed tier adds each key tile's FP8 PV product to O in fp32: at 256 and 591 key tiles the kernel stays its
+    reference's (chained in the FP8 wgmma accumulator, later tiles' products were cut at O's magnitude: 10.5% off on
+    sharp rows at S = 32768 with mxfp8)."""
+    q, k, v = FAMILIES[family](1, 2, s_k, 128, torch.bfloat16, "cuda", 0)
+    _check(q[:, :, :256].contiguous(), k, v, label=f"int8-fp8 {family} S_k={s_k}", recipe=get_recipe(INT8_FP8))
 
 
 def test_the_int8_tier_is_more_accurate_than_mxfp8_on_structured_inputs():

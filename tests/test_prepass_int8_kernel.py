@@ -6,7 +6,7 @@ Rule: codes, scales and V bit for bit (both sides divide by IEEE rules: ``format
 import pytest
 import torch
 
-from kernel_device import DEV, skip_module_without_sm90  # noqa: E402
+from kernel_device import DEV, a_fragment_position, skip_module_without_sm90  # noqa: E402
 
 skip_module_without_sm90()
 pytest.importorskip("triton")
@@ -32,7 +32,7 @@ def test_codes_and_scales_are_the_references(b, h, s, d, kv_lens, dtype):
     k[..., 5] += 4.0  # a shared offset for K smoothing to remove
     before = [t.clone() for t in (q, k, v)]
     kvl = torch.tensor(kv_lens, dtype=torch.int32, device=DEV) if kv_lens else None
-    q8, qs, k8, ks, v16, _, _, _ = prepass_int8(q, k, v, d ** -0.5, kvl)
+    q8, qs, k8, ks, v16 = prepass_int8(q, k, v, d ** -0.5, kvl)[:5]
     valid = valid_prefix(kvl, s, q.device)
     qi, ki, _, _ = smooth_inputs(q, k, RECIPE, d ** -0.5, valid, None)
     qo, ko, vo, *_ = numerics_for(RECIPE).operands(qi, ki, v, d ** -0.5, valid)
@@ -76,8 +76,8 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
     k[..., 5] += 4.0
     kvl = torch.tensor([170], dtype=torch.int32, device=DEV)
     recipe = RECIPE.replace(smooth_q=True, smooth_q_min_ratio=min_ratio)
-    q8, qs, k8, ks, v16, _, bias, q_sel = prepass_int8(q, k, v, d ** -0.5, kvl,
-                                                      smooth_q_ratio2=q_smoothing_ratio2(min_ratio))
+    ops = prepass_int8(q, k, v, d ** -0.5, kvl, smooth_q_ratio2=q_smoothing_ratio2(min_ratio))
+    q8, qs, k8, bias, q_sel = ops.q8, ops.qs, ops.k8, ops.bias, ops.q_sel
     valid = valid_prefix(kvl, s, q.device)
     qi, ki, ref_bias, _ = smooth_inputs(q, k, recipe, d ** -0.5, valid, None)
     qo, ko, *_ = numerics_for(recipe).operands(qi, ki, v, d ** -0.5, valid, ref_bias)
@@ -93,3 +93,28 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
         assert q_sel.tolist() == [0, 1, 0]  # the kernel's launch per setting reads it
     else:
         assert q_sel is None
+
+
+@pytest.mark.parametrize("v_format", ["fp8_channel", "fp8_tensor"])
+def test_fp8_v_is_the_references(v_format):
+    """FP8 V (the speed tier, ``int8-fp8``): ``V8T^T * vs`` bit for bit the reference's ``E4M3(V / s) s`` (scale
+    ``amax / 448`` per channel or per tensor over the valid keys), keys in the FP8 A-fragment order, padded keys and
+    keys past ``kv_lens`` zero."""
+    b, h, s, d = 2, 2, 300, 64
+    g = torch.Generator().manual_seed(5)
+    q, k, v = (torch.randn(b, h, s, d, generator=g).mul(2.0).to(torch.bfloat16).to(DEV) for _ in range(3))
+    v[..., 7] *= 30.0  # a channel far above the rest: its own scale
+    v[1, :, 250:] = float("nan")  # past kv_lens[1]: never read
+    kvl = torch.tensor([300, 250], dtype=torch.int32, device=DEV)
+    recipe = get_recipe("int8-fp8").replace(numerics="sm90", v_format=v_format)
+    ops = prepass_int8(q, k, v, d ** -0.5, kvl, v_format=v_format)
+    valid = valid_prefix(kvl, s, q.device)
+    vo = numerics_for(recipe).operands(q, k, v, d ** -0.5, valid)[2]
+    v8 = ops.v[..., a_fragment_position(torch.arange(ops.v.shape[-1], device=DEV))].transpose(2, 3)  # key order
+    got = v8.float() * ops.vs[:, :, None, :]
+    diffs = int((got[:, :, :s] != vo).sum())
+    print(f"{v_format}: V8T {tuple(ops.v.shape)} {ops.v.dtype}, differing values {diffs} of {vo.numel()}, "
+          f"channel scales {ops.vs[0, 0, :8].tolist()}")
+    assert ops.v.dtype == torch.float8_e4m3fn and diffs == 0
+    assert bool((got[:, :, s:] == 0).all()) and bool((got[1, :, 250:] == 0).all())
+    assert (ops.vs[0, 0, 7] > 10 * ops.vs[0, 0, 6]) == (v_format == "fp8_channel")

@@ -281,11 +281,10 @@ def bench_shape(b, h, s_q, s_k, d, recipes, baselines, layout="bhsd", warmup=100
         out = torch.empty_like(q)
         if recipe.qk_format == QKFormat.INT8:  # the INT8 Q/K kernel and its own pre-pass
             ops_int8 = kernels.kernel("ops_int8")
-            signs, smooth_k, ratio2, _ = ops_int8.parse_settings_key(ops_int8.settings_key(recipe))
-            pre = (lambda a=(signs, smooth_k, None, ratio2): ops_int8.prepass_int8(qq, kk, vv, scale, None, *a))
-            ops = pre()
-            parts = {"prepass_ms": pre,
-                     "kernel_ms": lambda ops=ops, out=out, a=ops_int8.launch_args(recipe):
+            key = ops_int8.settings_key(recipe)
+            ops, launch = ops_int8.prepass_for(qq, kk, vv, scale, key)
+            parts = {"prepass_ms": lambda key=key: ops_int8.prepass_for(qq, kk, vv, scale, key),
+                     "kernel_ms": lambda ops=ops, out=out, a=launch:
                      ops_int8.attention_int8_from_operands(ops, out, s_q, s_k, **a)}
         else:
             plan = plan_for(recipe)

@@ -132,20 +132,24 @@ def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
         return f"tensordesc<{name}[{rows}, {cols}],{gl.NVMMASharedLayout.get_default_for([rows, cols], dtype)!r}>"
 
     bn = ops.BLOCK_N
+    launch = ops_int8.launch_args(get_recipe(recipe))
+    if launch["pv_fp8"]:  # V8T (D, BN) and the ones tile in E4M3
+        v_desc, ones_desc = desc(d, bn, gl.float8e4nv, "fp8e4nv"), desc(8, bn, gl.float8e4nv, "fp8e4nv")
+    else:
+        v_desc, ones_desc = desc(bn, d, gl.bfloat16, "bf16"), desc(8, bn, gl.bfloat16, "bf16")
     types = dict(TYPES, q_desc=desc(k8.WG_ROWS.value, d, gl.int8, "i8"), k_desc=desc(bn, d, gl.int8, "i8"),
-                 v_desc=desc(bn, d, gl.bfloat16, "bf16"), ones_desc=desc(8, bn, gl.bfloat16, "bf16"),
-                 QS="*fp32", KS="*fp32", BIAS="*fp32")
+                 v_desc=v_desc, ones_desc=ones_desc, QS="*fp32", KS="*fp32", BIAS="*fp32")
     c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES,
-             REGS=ops_int8.INT8_WORKER_REGS, **ops_int8.launch_args(get_recipe(recipe)))
+             REGS=ops_int8.INT8_WORKER_REGS, **launch)
     c = {k.upper(): v for k, v in dict(c, **const).items()}  # launch_args' names are the constexprs' in lower case
     sig, constexprs, attrs = _signature(k8.fsattn_fwd_gluon_int8_kernel, types, c)
     src = GluonASTSource(fn=k8.fsattn_fwd_gluon_int8_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
     return triton.compile(src, target=TARGET, options={"num_warps": 4})
 
 
-#: Configurations whose spills (ptxas's spill-store bytes) must lie outside the key loops.
-SPILLS_OUTSIDE_LOOPS = ("gluon_int8_smooth_q", "gluon_int8_exact_smooth_q", "gluon_int8_smooth_q_sel",
-                        "gluon_int8_exact_smooth_q_sel")
+#: Configurations whose spills (ptxas's spill-store bytes) must lie outside the key loops (52 B before the loop of the
+#: speed tier's key-term launch).
+SPILLS_OUTSIDE_LOOPS = ("gluon_int8_fp8_smooth_q_sel",)
 CONFIGS = {  # name: (compile function, keyword arguments)
     "triton_mxfp8": (compile_triton, {}),
     "triton_mxfp8_paper": (compile_triton, dict(recipe="mxfp8-paper")),
@@ -172,7 +176,7 @@ CONFIGS = {  # name: (compile function, keyword arguments)
     "gluon_int8": (compile_gluon_int8, {}),
     "gluon_int8_d64_lse_kvl": (compile_gluon_int8, dict(d=64, WRITE_LSE=True, HAS_KVL=True)),
     "gluon_int8_exact": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact")),
-    # Q smoothing's key term: a few spill stores/loads outside the key loops (tests/test_kernel_compile.py)
+    # Q smoothing's key term (the per-key terms loaded one per thread, then moved to the scores' columns)
     "gluon_int8_smooth_q": (compile_gluon_int8, dict(HAS_BIAS=True)),
     "gluon_int8_exact_smooth_q": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact", HAS_BIAS=True)),
     # the per-slice switch: one launch per setting, the other slices' programs returning at once
@@ -182,6 +186,11 @@ CONFIGS = {  # name: (compile function, keyword arguments)
                                                               TERM_SEL=True)),
     "gluon_int8_exact_smooth_q_sel_off": (compile_gluon_int8, dict(recipe="int8-bf16+exponential=exact",
                                                                   HAS_BIAS=False, TERM_SEL=True)),
+    # the speed tier (int8-fp8): FP8 P and V, O and l summed in fp32 per key tile
+    "gluon_int8_fp8": (compile_gluon_int8, dict(recipe="int8-fp8")),
+    "gluon_int8_fp8_d64_lse_kvl": (compile_gluon_int8, dict(recipe="int8-fp8", d=64, WRITE_LSE=True, HAS_KVL=True)),
+    "gluon_int8_fp8_smooth_q_sel": (compile_gluon_int8, dict(recipe="int8-fp8", HAS_BIAS=True, TERM_SEL=True)),
+    "gluon_int8_fp8_smooth_q_sel_off": (compile_gluon_int8, dict(recipe="int8-fp8", HAS_BIAS=False, TERM_SEL=True)),
 }
 
 

@@ -1,5 +1,6 @@
-"""Fused-Softmax attention forward in Gluon for Hopper (sm_90), the INT8 Q/K tier (preset ``int8-bf16``): INT8
-scores exact in int32, Stage-A's BF16 proxy itself as the PV operand (no Stage-B), V in BF16.
+"""Fused-Softmax attention forward in Gluon for Hopper (sm_90), the INT8 Q/K tiers: INT8 scores exact in int32, and
+either Stage-A's BF16 proxy itself as the PV operand with V in BF16 (preset ``int8-bf16``) or (``PV_FP8``, preset
+``int8-fp8``) P and V in FP8 E4M3.
 
 The structure is :mod:`kernels.sm90.fused_attention_gluon_pingpong`'s (two free-running 64-row warpgroups, every wgmma
 asynchronous, the softmax of key tile j beside the PV GEMM of tile j-1, one mbarrier per K/V slot, the per-warp gate
@@ -9,6 +10,13 @@ vote, the rare rollback); its helpers are imported from there. What differs, per
     wait for S_j and l; scores in doublings x = S_j * a_j with a_j = QS_row * KS_j (fp32, one rounding)
     gate on rowmax(x) (int32 maximum, then one multiply), Stage-A (``EXP2``, below) gives ``P = 2^(x - m)``
     wait for the PV GEMM; rare rollback; P16_j = two BF16 values per register, carried to iteration j+1
+
+``PV_FP8`` (sm90_numerics difference 13): Stage-A is ``ex2.approx.f32(fma(S_j, a_j, -(m - SIGMA)))``, i.e. ``P 2^SIGMA``
+with ``SIGMA = 4`` under the gate's cap of 4 doublings, two ``cvt.rn.satfinite.e4m3x2.f32`` per word of four E4M3
+bytes (key columns in the FP8 A-fragment order, V8T stored to match); each tile's ``P8 @ ones`` and ``P8 V8`` go into
+zero accumulators and are added to ``l`` and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32:
+chained across key tiles it loses the small later products). V8 carries one scale per channel (``VS``), applied to
+O's columns after ``1 / l``.
 
 Stage-A (``EXP2``; sm90_numerics differences 10, 11):
 
@@ -30,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS
+from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS, _perm_a_fragment, _words_to_fp8
 from .gluon_key_loop import (_key_tile, _lowering_trigger, _record_rollback, _rollback_reference, _runs_this_launch,
                              _warp_any, _warp_vote_declare)
 from .gluon_mxfp6_p import D_BITS
@@ -73,9 +81,12 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 @gluon.jit
 def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr):
     """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of key tile
-    ``t`` (one rounding; masked keys stay -inf)."""
-    b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=scol))
-    return x * a[:, None] + b[None, :]
+    ``t`` (one rounding; masked keys stay -inf). The ``BN`` terms are loaded one per thread of the warpgroup and moved
+    to the scores' columns through shared memory: loaded in the scores' column layout, each thread loaded every
+    column it holds, and the loads' addresses, hoisted out of the key loop, spilled (1048 B with FP8 P)."""
+    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
+    b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=one))
+    return x * a[:, None] + gl.convert_layout(b, scol)[None, :]
 
 
 @gluon.jit
@@ -89,37 +100,55 @@ def _row_peaks(x, a, SCALED: gl.constexpr):
 
 
 @gluon.jit
-def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr):
+def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr):
     """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in doublings
     (with the key term), so ``a`` is not applied."""
     xmax = _row_peaks(x, a, SCALED)
     if SCALED:
         if EXP2 == EXP2_HW:
-            p = gl.exp2(x - m[:, None])
+            p = gl.exp2(x - (m - SIGMA)[:, None])
         else:
             p = gl.maximum(x * GRID + c[:, None], MAGIC)
     else:
-        p = _stage_a(x, a, c, m, EXP2)
+        p = _stage_a(x, a, c, m, EXP2, SIGMA)
     return xmax, p
 
 
 @gluon.jit
-def _stage_a(x, a, c, m, EXP2: gl.constexpr):
+def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr):
     """Stage-A on the scores ``x`` (exact fp32 integers) of one key tile with the row factors ``a`` and constants
-    ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``)
-    are P (module docstring)."""
+    ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``,
+    ``P 2^SIGMA``) are P (module docstring)."""
     if EXP2 == EXP2_HW:
-        p = gl.exp2(x * a[:, None] - m[:, None])
+        p = gl.exp2(x * a[:, None] - (m - SIGMA)[:, None])
     else:
         p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
     return p
 
 
 @gluon.jit
-def _p_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EXP2: gl.constexpr):
+def _e4m3_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """FP8 P: the fp32 values ``f`` (``P 2^SIGMA``) as the E4M3 PV operand, int32 words of four bytes, shape
+    (BM, BN // 4), key columns permuted as :func:`_perm_a_fragment`: two ``cvt.rn.satfinite.e4m3x2.f32`` per word
+    (nearest-even), byte ``i`` of a word P's element ``4 w + i`` in ``p_layout`` order (the packing
+    :func:`_words_to_fp8` undoes)."""
+    f = gl.convert_layout(_perm_a_fragment(f, BM, BN), p_layout)
+    lo, hi = gl.split(gl.reshape(f, [BM, BN // 4, 2, 2]))  # elements (0, 2) and (1, 3) of each group of four
+    e0, e2 = gl.split(lo)
+    e1, e3 = gl.split(hi)
+    return gl.inline_asm_elementwise(
+        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
+        "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
+
+
+@gluon.jit
+def _p_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EXP2: gl.constexpr,
+             PV_FP8: gl.constexpr):
     """:func:`_stage_a`'s words as the PV operand: :func:`_bf16_words`, or for ``EXP2_HW`` one
-    ``cvt.rn.bf16x2.f32`` per two values (element ``2 w`` in the low half)."""
-    if EXP2 == EXP2_HW:
+    ``cvt.rn.bf16x2.f32`` per two values (element ``2 w`` in the low half); ``PV_FP8``: :func:`_e4m3_words`."""
+    if PV_FP8:
+        w = _e4m3_words(f, p_layout, BM, BN)
+    elif EXP2 == EXP2_HW:
         e0, e1 = gl.split(gl.reshape(gl.convert_layout(f, p_layout), [BM, BN // 2, 2]))
         w = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [e0, e1], dtype=gl.int32,
                                       is_pure=True, pack=1)
@@ -136,33 +165,69 @@ def _words_to_bf16(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, row0, pred, BN: gl.constexpr):
-    """K8 and V16 of key tile ``tile`` into ``slot``, on the slot's one mbarrier."""
+def _words_to_p(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, PV_FP8: gl.constexpr):
+    """The PV GEMM's A operand from the carried words: :func:`_words_to_fp8` or :func:`_words_to_bf16`."""
+    if PV_FP8:
+        return _words_to_fp8(w, p_layout, BM, BN)
+    else:
+        return _words_to_bf16(w, p_layout, BM, BN)
+
+
+@gluon.jit
+def _issue_pv(pa, ones, v_tile, o, lacc, zero_o, zero_l, PV_FP8: gl.constexpr):
+    """Issue the row sum and the PV GEMM of one key tile (async), the row sum first. BF16 P: chained onto ``lacc``
+    and ``o`` in the accumulators, returns ``(o, lacc)``; FP8 P: into zero accumulators, returns the tile's
+    ``(P8 V8, P8 @ ones)``, which the caller adds to O and ``l`` in fp32 after the wait."""
+    if PV_FP8:
+        lt = warpgroup_mma(pa, ones, zero_l, use_acc=False, is_async=True)
+        ot = warpgroup_mma(pa, v_tile.permute((1, 0)), zero_o, use_acc=False, is_async=True)
+        return ot, lt
+    else:
+        lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
+        o = warpgroup_mma(pa, v_tile, o, is_async=True)
+        return o, lacc
+
+
+@gluon.jit
+def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, BN: gl.constexpr,
+             PV_FP8: gl.constexpr):
+    """K8 and V (V16 rows, or ``PV_FP8`` V8T columns) of key tile ``tile`` into ``slot``, on the slot's one
+    mbarrier."""
+    D: gl.constexpr = k_smem.shape[2]
     mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
-    tma.async_copy_global_to_shared(k_desc, [row0 + tile * BN, 0], kvbar.index(slot), k_smem.index(slot), pred=pred)
-    tma.async_copy_global_to_shared(v_desc, [row0 + tile * BN, 0], kvbar.index(slot), v_smem.index(slot), pred=pred)
+    tma.async_copy_global_to_shared(k_desc, [bh * SKP + tile * BN, 0], kvbar.index(slot), k_smem.index(slot),
+                                    pred=pred)
+    if PV_FP8:
+        tma.async_copy_global_to_shared(v_desc, [bh * D, tile * BN], kvbar.index(slot), v_smem.index(slot),
+                                        pred=pred)
+    else:
+        tma.async_copy_global_to_shared(v_desc, [bh * SKP + tile * BN, 0], kvbar.index(slot), v_smem.index(slot),
+                                        pred=pred)
 
 
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
-              DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, qs, ones, k_smem, v_smem, kvbar,
-              empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, rows, row_ok, FLAGS, NKW, pid_m, bh,
-              n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout: gl.constexpr, scol: gl.constexpr,
-              orow: gl.constexpr, lrow: gl.constexpr):
+              DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, PV_FP8: gl.constexpr,
+              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+              zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+              p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
-    rollback, P16_j. ``MASK``: the visit's tile may hold keys past ``n_keys`` (checked at run time). Returns the
+    rollback, P_j's words. ``MASK``: the visit's tile may hold keys past ``n_keys`` (checked at run time). Returns the
     loop-carried state ``(o, lacc, m, m_high, lo, low_before, c, nfired, pw)``."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
     BM: gl.constexpr = WG_ROWS
     slot = j % STAGES
     prev = (j - 1) % STAGES
-    pa = _words_to_bf16(pw, p_layout, BM, BN)
+    pa = _words_to_p(pw, p_layout, BM, BN, PV_FP8)
     mbarrier.wait(kvbar.index(slot), (j // STAGES) & 1)
     s = warpgroup_mma(qs, k_smem.index(slot).permute((1, 0)), zero_s, use_acc=False, is_async=True)
-    lacc = warpgroup_mma(pa, ones, lacc, is_async=True)  # before the PV GEMM: waited with S_j
-    o = warpgroup_mma(pa, v_smem.index(prev), o, is_async=True)
-    s, lacc = warpgroup_mma_wait(1, deps=(s, lacc))
+    ov, lv = _issue_pv(pa, ones, v_smem.index(prev), o, lacc, zero_o, zero_l, PV_FP8)
+    s, lv = warpgroup_mma_wait(1, deps=(s, lv))  # the row sum was issued before the PV GEMM
+    if PV_FP8:
+        lacc = lacc + lv
+    else:
+        lacc = lv
     t = _key_tile(j, j0, n_tiles, DIAGONAL)
     a = qsc * gl.load(KS_row + t)
     x = _scores_f32(s)
@@ -170,40 +235,53 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         x = _mask_tail(x, t, n_keys, BN, scol)
     if HAS_BIAS:  # scores in doublings with Q smoothing's key term
         x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol)
-    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)  # xmax: the tile's row peaks in doublings
+    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)  # xmax: the tile's row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
     low_before = low
     anyfire = _warp_any(fire, WG)
-    o, p = warpgroup_mma_wait(0, deps=(o, p))
+    ov, p = warpgroup_mma_wait(0, deps=(ov, p))
+    if PV_FP8:
+        o = o + ov
+    else:
+        o = ov
     mbarrier.arrive(empty.index(prev))
     if WG == 1:
         mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
         _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL),
-                 bh * SKP, j - 1 + STAGES < n_tiles, BN)
+                 bh, SKP, j - 1 + STAGES < n_tiles, BN, PV_FP8)
     if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
         m, m_high, lo, c, down = _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID)
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
         o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
         nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
-        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)[1]
-    return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2)
+        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1]
+    return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2, PV_FP8)
 
 
 @gluon.jit
-def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, q_smem, qbar,
-              k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT, LSE, STATS, FLAGS,
-              NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
+def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr,
+              PV_FP8: gl.constexpr, SIGMA: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
+              onesbar, k_desc, v_desc, QS, KS, BIAS, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0,
+              sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
-    (``kernels.sm90.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores and BF16 P/V)."""
+    (``kernels.sm90.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores, BF16 or ``PV_FP8`` P/V)."""
     STAGES: gl.constexpr = k_smem.shape[0]
     BN: gl.constexpr = k_smem.shape[1]
     D: gl.constexpr = k_smem.shape[2]
     s_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, BN, 32])
-    o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1], instr_shape=[16, D, 16])
-    l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
-                                                       instr_shape=[16, ONES_N, 16])
-    p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
+    if PV_FP8:  # the PV GEMM's K per instruction and the A operand's elements per 32-bit register
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 32])
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, ONES_N, 32])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=4)
+    else:
+        o_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, D, 16])
+        l_layout: gl.constexpr = gl.NVMMADistributedLayout(version=[3, 0], warps_per_cta=[4, 1],
+                                                           instr_shape=[16, ONES_N, 16])
+        p_layout: gl.constexpr = gl.DotOperandLayout(operand_index=0, parent=o_layout, k_width=2)
     srow: gl.constexpr = gl.SliceLayout(1, s_layout)
     scol: gl.constexpr = gl.SliceLayout(0, s_layout)
     orow: gl.constexpr = gl.SliceLayout(1, o_layout)
@@ -220,9 +298,11 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
     row_ok = rows < SQ
     qsc = gl.load(QS + bh * SQP + rows)  # Q's scale per row (alpha log2 e folded in)
     zero_s = gl.zeros([BM, BN], gl.int32, s_layout)
+    zero_o = gl.zeros([BM, D], gl.float32, o_layout)  # PV_FP8: the zero accumulators of one tile's products
+    zero_l = gl.zeros([BM, ONES_N], gl.float32, l_layout)
 
     o = gl.zeros([BM, D], gl.float32, o_layout)
-    lacc = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # P16 @ ones: every column the row sum
+    lacc = gl.zeros([BM, ONES_N], gl.float32, l_layout)  # P @ ones: every column the row sum
     m = gl.full([BM], float("-inf"), gl.float32, srow)
     nfired = gl.zeros([BM], gl.int32, srow)
     _warp_vote_declare(WG)
@@ -241,7 +321,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS)[1], p_layout, BM, BN, EXP2)
+        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1], p_layout, BM, BN, EXP2, PV_FP8)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
         n_loop = n_tiles
@@ -250,29 +330,38 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
                 n_loop = n_tiles - 1
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
-                j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, qs, ones,
-                k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, rows, row_ok,
-                FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
+                j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, PV_FP8,
+                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, zero_o,
+                zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol,
+                orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
-                n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS, qs,
-                ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, rows,
-                row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol, orow, lrow)
+                n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS,
+                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+                p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
-        pa = _words_to_bf16(pw, p_layout, BM, BN)
-        lacc = warpgroup_mma(pa, ones, lacc, is_async=True)
-        o = warpgroup_mma(pa, v_smem.index(last), o, is_async=True)
-        o, lacc = warpgroup_mma_wait(0, deps=(o, lacc))
+        ov, lv = _issue_pv(_words_to_p(pw, p_layout, BM, BN, PV_FP8), ones, v_smem.index(last), o, lacc, zero_o,
+                           zero_l, PV_FP8)
+        ov, lv = warpgroup_mma_wait(0, deps=(ov, lv))
+        if PV_FP8:
+            o = o + ov
+            lacc = lacc + lv
+        else:
+            o = ov
+            lacc = lv
 
     l = gl.convert_layout(gl.max(lacc, axis=1), srow)
     dcol = gl.arange(0, D, layout=ocol)
     orows = row0 + gl.arange(0, BM, layout=orow)
     inv = gl.convert_layout(gl.where(l > 0, 1.0 / l, 0.0), orow)
     out = o * inv[:, None]
+    if PV_FP8:  # V8's scale per channel
+        out = out * gl.load(VS + bh * D + dcol)[None, :]
     optr = (OUT + b.to(gl.int64) * sob + h.to(gl.int64) * soh + orows[:, None].to(gl.int64) * sos
             + dcol[None, :] * sod)
     gl.store(optr, out.to(OUT.dtype.element_ty), mask=(orows < SQ)[:, None])
-    lse = (gl.log2(l) + m) * LN2
+    lse = (gl.log2(l) - SIGMA + m) * LN2
     gl.store(LSE + bh.to(gl.int64) * SQ + rows, lse, mask=row_ok & (WRITE_LSE != 0))
     nrows = gl.sum(nfired, axis=0)
     if nrows > 0:
@@ -280,19 +369,22 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
 
 
 @gluon.jit(do_not_specialize=["SK"])  # S_k = 1 as a constant breaks the peeled loop's lowering
-def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, TSEL, OUT, LSE, STATS, FLAGS, NKW,
-                                 KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
+def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, VS, TSEL, OUT, LSE, STATS, FLAGS,
+                                 NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
                                  DIAGONAL: gl.constexpr = False, M_OFFSET: gl.constexpr = 0.0,
                                  EXP2: gl.constexpr = 0, HAS_BIAS: gl.constexpr = False,
-                                 TERM_SEL: gl.constexpr = False):
+                                 TERM_SEL: gl.constexpr = False, PV_FP8: gl.constexpr = False,
+                                 SIGMA: gl.constexpr = 0.0):
     """One (128-row query tile, batch x head) per program, launched with 4 warps (+4 in the worker partition).
 
     q_desc : TMA descriptor of Q8 (B*H*SQP, D) int8, block (64, D); QS (B*H*SQP) fp32 its per-row scales.
     k_desc : of K8 (B*H*SKP, D) int8, block (BN, D); KS (B*H*SKP/BN) fp32 its per-tile scales.
-    v_desc : of V16 (B*H*SKP, D) bf16, block (BN, D), zero rows past the valid keys.
-    ones_desc : of an (8, BN) BF16 tensor of ones: the row sum's B operand.
+    v_desc : of V16 (B*H*SKP, D) bf16, block (BN, D), zero rows past the valid keys; ``PV_FP8``: of V8T (B*H*D, SKP)
+        E4M3, block (D, BN), keys permuted into the FP8 A-fragment order, and VS (B*H*D) fp32 its channel scales.
+    ones_desc : of an (8, BN) tensor of ones in P's type (BF16, E4M3): the row sum's B operand.
+    PV_FP8, SIGMA : FP8 P and V (module docstring); P is carried as ``P 2^SIGMA`` (0 for BF16 P).
     DIAGONAL, M_OFFSET, CAP, FLOOR : as
         :func:`kernels.sm90.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
@@ -317,11 +409,15 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     if _runs_this_launch(TSEL, bh, HAS_BIAS, TERM_SEL):
         q_smem = gl.allocate_shared_memory(gl.int8, [2, WG_ROWS, D], q_desc.layout)
         k_smem = gl.allocate_shared_memory(gl.int8, [STAGES, BN, D], k_desc.layout)
-        v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
+        if PV_FP8:
+            v_smem = gl.allocate_shared_memory(gl.float8e4nv, [STAGES, D, BN], v_desc.layout)
+            ones_smem = gl.allocate_shared_memory(gl.float8e4nv, [ONES_N, BN], ones_desc.layout)
+        else:
+            v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
+            ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
         qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
-        ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
         onesbar = gl.allocate_shared_memory(gl.int64, [1, 1], mbarrier.MBarrierLayout())
         mbarrier.init(onesbar.index(0), count=1)
         for i in gl.static_range(2):
@@ -338,11 +434,12 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
         mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh * SKP,
-                     i < n_tiles, BN)
+            _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh, SKP,
+                     i < n_tiles, BN, PV_FP8)
 
-        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, OUT,
-                LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP,
-                FLOOR, M_OFFSET)
-        gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS) + args),
-                            (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS) + args)], [4], [REGS])
+        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, VS,
+                OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
+                CAP, FLOOR, M_OFFSET)
+        gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS, PV_FP8, SIGMA) + args),
+                            (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS, PV_FP8, SIGMA) + args)], [4],
+                           [REGS])

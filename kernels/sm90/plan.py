@@ -22,7 +22,7 @@ from typing import Optional
 
 from fsattn_diffusers import sm90_numerics
 from fsattn_diffusers.formats import DEFAULT_SCALE_RULE, E2M1, E2M3, E4M3, SCALE_RULES
-from fsattn_diffusers.numerics import INT8_EXPONENTIALS
+from fsattn_diffusers.numerics import INT8_EXPONENTIALS, INT8_PV_FORMATS
 from fsattn_diffusers.recipe import FROZEN_MAX_OFFSET_GRID
 from fsattn_diffusers.smoothing import q_smoothing_ratio2
 
@@ -150,9 +150,13 @@ def unsupported_reason(recipe, head_dim: int) -> Optional[str]:
 
 def _int8_unsupported(recipe) -> Optional[str]:
     """Why the INT8 Q/K kernel (kernels/sm90/fused_attention_gluon_int8.py) cannot run ``recipe`` (None when it can)."""
-    if (recipe.p_format, recipe.v_format) != ("bf16", "bf16"):
+    if (recipe.p_format, recipe.v_format) not in INT8_PV_FORMATS:
         return (f"int8 Q/K with p_format {recipe.p_format!r}, v_format {recipe.v_format!r} (the INT8 kernel takes "
-                f"bf16 P and V)")
+                f"P/V {', '.join(f'{p}/{v}' for p, v in INT8_PV_FORMATS)})")
+    if recipe.p_format == "fp8_row" and (recipe.exponential != "exact" or recipe.o_promotion_tiles != 1):
+        return (f"int8 Q/K with FP8 P under exponential {recipe.exponential}, o_promotion_tiles "
+                f"{recipe.o_promotion_tiles} (the INT8 kernel's FP8 P takes the exact exponential and promotes O "
+                f"every key tile)")
     if recipe.key_order != "natural":
         return f"int8 Q/K with key_order {recipe.key_order!r} (the INT8 kernel visits the key tiles in natural order)"
     if recipe.exponential not in INT8_EXPONENTIALS or recipe.proxy != "u16" or not recipe.frozen_max:

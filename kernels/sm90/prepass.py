@@ -1,5 +1,6 @@
 """Fused pre-pass (paper Section 4.4): BF16 rounding, ``alpha log2 e`` (Q), the Walsh-Hadamard rotation and
-MX quantization of Q and K in one kernel per tensor; V to per-tensor FP8 or MX along the key axis.
+MX quantization of Q and K in one kernel per tensor; V to FP8 (one scale per tensor or per
+channel) or MX along the key axis.
 
 Outputs are FP8 E4M3 tensors in the kernel's own padded layouts plus power-of-two exponents (see
 :mod:`kernels.sm90.plan` for how MX values are carried in E4M3):
@@ -26,7 +27,7 @@ from fsattn_diffusers import sm90_numerics
 
 from ..common import (flag_nonfinite_rows, load_slice_rows, pow2, round_bf16, round_e2m1, round_e2m3_scaled,
                       round_e4m3, round_elem, shared_exp)
-from .plan import ELEM, FMT_E2M1, KernelPlan
+from .plan import ELEM, FMT_E2M1, FMT_E4M3, RULE_ROUND_UP_175, KernelPlan
 
 # Key-tile width of the attention kernel; K's reference exponent is shared by one tile (Section 3: N = 128).
 KEY_TILE = sm90_numerics.TILE
@@ -228,7 +229,8 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
                     D: tl.constexpr, BS: tl.constexpr, MX: tl.constexpr, HAS_KVL: tl.constexpr,
                     RULE: tl.constexpr, T0: tl.constexpr, MBITS: tl.constexpr, EMIN: tl.constexpr,
                     MAXV: tl.constexpr, EMAX: tl.constexpr, PERM_V: tl.constexpr = False,
-                    HW_CVT: tl.constexpr = False, FAST_ELEM: tl.constexpr = False):
+                    HW_CVT: tl.constexpr = False, FAST_ELEM: tl.constexpr = False,
+                    PER_CHANNEL: tl.constexpr = False):
     pid_s = tl.program_id(0)
     bh = tl.program_id(1)
     x, rows, _ = load_slice_rows(V, svb, svh, svs, svd, KVL, H, S, pid_s, bh, BS, D, HAS_KVL)
@@ -244,6 +246,10 @@ def _v_quant_kernel(V, svb, svh, svs, svd, KVL, AMAX, OUT, VS, H, S, SP,
         ref = shared_exp(tl.load(AMAX + bh * D + cols), RULE, EMAX, MAXV)  # = max over the channel's blocks
         v8 = tl.reshape(elem * pow2(s - ref[None, :] + T0 + e6)[:, None, :], (BS, D))
         vs = pow2(ref - T0)
+    elif PER_CHANNEL:  # E4M3 with one scale amax / 448 per channel (fp8_channel)
+        amax = tl.load(AMAX + bh * D + cols)
+        vs = tl.where(amax > 0, tl.math.div_rn(amax, tl.full((D,), 448.0, tl.float32)), 1.0)
+        v8 = tl.math.div_rn(x, tl.broadcast_to(vs[None, :], x.shape))
     else:
         amax = tl.load(AMAX)
         scale = tl.where(amax > 0, tl.math.div_rn(amax, 448.0), 1.0)
@@ -367,21 +373,34 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
 
     ``flags`` (B * H,) int32, optional: as :func:`prepare_qk`'s.
     """
+    return _quantize_v(v, kv_lens, flags, perm, plan.v_mx, plan.v_mx, plan.v_fmt, plan.v_rule, plan.v_t0)
+
+
+def prepare_v_fp8(v: torch.Tensor, per_channel: bool, kv_lens=None, flags=None):
+    """V in E4M3 with one fp32 scale ``amax / 448`` per (batch, head, channel) (``per_channel``: ``v_format``
+    ``fp8_channel``) or per tensor (``fp8_tensor``), keys in the FP8 A-fragment order: ``(v8t, vs)`` as
+    :func:`prepare_v`'s with ``perm``."""
+    return _quantize_v(v, kv_lens, flags, True, False, per_channel, FMT_E4M3, RULE_ROUND_UP_175, 0)
+
+
+def _quantize_v(v, kv_lens, flags, perm: bool, mx: bool, per_channel: bool, fmt: int, rule: int, t0: int):
+    """:func:`prepare_v`'s work: the channel (``per_channel``) or tensor maxima over the valid keys, then MX (``mx``:
+    element format ``fmt``, scale rule ``rule``, carry ``t0``) or E4M3 quantization of V into V8T and VS."""
     b, h, s, d = v.shape
     sp = padded(s, KEY_TILE)
-    amax = torch.zeros((b, h, d) if plan.v_mx else (1,), dtype=torch.float32, device=v.device)
+    amax = torch.zeros((b, h, d) if per_channel else (1,), dtype=torch.float32, device=v.device)
     has_kvl = kv_lens is not None
     kvl = kv_lens if has_kvl else amax
     grid = (sp // KEY_TILE, b * h)
-    _v_amax_kernel[grid](v, *v.stride(), kvl, amax, h, s, D=d, BS=KEY_TILE, PER_CHANNEL=plan.v_mx,
+    _v_amax_kernel[grid](v, *v.stride(), kvl, amax, h, s, D=d, BS=KEY_TILE, PER_CHANNEL=per_channel,
                          HAS_KVL=has_kvl, FLAGS=flags if flags is not None else amax, HAS_FLAGS=flags is not None,
                          num_warps=V_WARPS)
     out = torch.empty((b, h, d, sp), dtype=torch.float8_e4m3fn, device=v.device)
     vs = torch.empty((b, h, d), dtype=torch.float32, device=v.device)
-    mbits, emin, maxv, emax = ELEM[plan.v_fmt]
-    _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=plan.v_mx,
-                          HAS_KVL=has_kvl, RULE=plan.v_rule, T0=plan.v_t0, MBITS=mbits, EMIN=emin,
+    mbits, emin, maxv, emax = ELEM[fmt]
+    _v_quant_kernel[grid](v, *v.stride(), kvl, amax, out, vs, h, s, sp, D=d, BS=KEY_TILE, MX=mx,
+                          HAS_KVL=has_kvl, RULE=rule, T0=t0, MBITS=mbits, EMIN=emin,
                           MAXV=maxv, EMAX=emax, PERM_V=perm, HW_CVT=not INTERPRET,
-                          FAST_ELEM=FAST_ELEM_ROUNDING, num_warps=V_WARPS,
-                          **_max_regs(V_MAX_REGS if plan.v_mx else None))
+                          FAST_ELEM=FAST_ELEM_ROUNDING, PER_CHANNEL=per_channel and not mx, num_warps=V_WARPS,
+                          **_max_regs(V_MAX_REGS if mx else None))
     return out, vs
