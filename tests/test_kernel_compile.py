@@ -135,7 +135,7 @@ def test_the_int8_kernel_settings_travel_as_a_string_that_torch_compile_builds_i
 
     for name in ("int8-bf16", "int8-bf16+key_order=diagonal+rollback_floor_log2=10", "int8-bf16+rollback=false",
                  "int8-bf16+smooth_q=true", "int8-bf16+smooth_q=true+smooth_q_min_ratio=0+exponential=exact",
-                 "int8-fp8", "int8-fp8+v_format=fp8_tensor+smooth_q=false"):
+                 "int8-fp8", "int8-fp8+smooth_q=false+rollback_floor_log2=none"):
         recipe = get_recipe(name)
         key = settings_key(recipe)
         print(name, key)

@@ -95,11 +95,11 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
         assert q_sel is None
 
 
-@pytest.mark.parametrize("v_format", ["fp8_channel", "fp8_tensor"])
+@pytest.mark.parametrize("v_format", ["fp8_channel"])
 def test_fp8_v_is_the_references(v_format):
     """FP8 V (the speed tier, ``int8-fp8``): ``V8T^T * vs`` bit for bit the reference's ``E4M3(V / s) s`` (scale
-    ``amax / 448`` per channel or per tensor over the valid keys), keys in the FP8 A-fragment order, padded keys and
-    keys past ``kv_lens`` zero."""
+    ``amax / 448`` per channel over the valid keys), keys in the FP8 A-fragment order, padded keys and keys past
+    ``kv_lens`` zero."""
     b, h, s, d = 2, 2, 300, 64
     g = torch.Generator().manual_seed(5)
     q, k, v = (torch.randn(b, h, s, d, generator=g).mul(2.0).to(torch.bfloat16).to(DEV) for _ in range(3))
@@ -117,4 +117,4 @@ def test_fp8_v_is_the_references(v_format):
           f"channel scales {ops.vs[0, 0, :8].tolist()}")
     assert ops.v.dtype == torch.float8_e4m3fn and diffs == 0
     assert bool((got[:, :, s:] == 0).all()) and bool((got[1, :, 250:] == 0).all())
-    assert (ops.vs[0, 0, 7] > 10 * ops.vs[0, 0, 6]) == (v_format == "fp8_channel")
+    assert ops.vs[0, 0, 7] > 10 * ops.vs[0, 0, 6]  # the outlier channel has its own scale

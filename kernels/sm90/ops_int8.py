@@ -15,7 +15,7 @@ from fsattn_diffusers.smoothing import lse_offset, q_smoothing_ratio2
 
 from .ops import _lse_shape, _ones_tile, _out_like, count_rollback_tiles, rollback_tile_words, run_fused, tma_desc
 from .plan import P_HEADROOM_LOG2, P_SIGMA_FP8
-from .prepass import KEY_TILE, prepare_v_fp8
+from .prepass import KEY_TILE, prepare_v_fp8_channel
 from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
 from ..token_mean import token_mean
 
@@ -25,8 +25,8 @@ EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
 INT8_STAGES = 3
 INT8_WORKER_REGS = 240
-#: The V formats of the INT8 kernel: BF16 V (with BF16 P), E4M3 V with one scale per channel or per tensor (FP8 P).
-INT8_V_FORMATS = (VFormat.BF16, VFormat.FP8_CHANNEL, VFormat.FP8_TENSOR)
+#: The V formats of the INT8 kernel: BF16 V (with BF16 P), E4M3 V with one scale per channel (FP8 P).
+INT8_V_FORMATS = (VFormat.BF16, VFormat.FP8_CHANNEL)
 
 
 class Int8Operands(NamedTuple):
@@ -34,7 +34,8 @@ class Int8Operands(NamedTuple):
 
     q8, qs : (B, H, SQP, D) int8 and (B, H, SQP) fp32, one scale per query row (``alpha log2 e`` folded in).
     k8, ks : (B, H, SKP, D) int8 and (B, H, SKP / 128) fp32, one scale per key tile.
-    v : (B, H, SKP, D) bf16 (V16), or (B, H, D, SKP) float8_e4m3fn (V8T, keys in the FP8 A-fragment order).
+    v : (B, H, SKP, D) bf16 (V16), or (B, H, D, SKP) float8_e4m3fn (V8T, keys in the FP8 A-fragment order, one
+        scale ``amax / 448`` per channel over the valid keys).
     vs : (B, H, D) fp32 V8T's channel scales (``V = V8T^T * vs``), None with V16.
     k_mean : (B, H, 1, D) fp32, K's token mean (K smoothing), else None.
     bias : (B, H, SKP) fp32 Q smoothing's per-key term in doublings (0 on the slices its switch leaves out), else None.
@@ -74,7 +75,7 @@ def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth
     if v_format == VFormat.BF16:
         vq, vs = prepare_v_bf16(v, kv_lens, flags), None
     else:
-        vq, vs = prepare_v_fp8(v, v_format == VFormat.FP8_CHANNEL, kv_lens, flags)
+        vq, vs = prepare_v_fp8_channel(v, kv_lens, flags)
     return Int8Operands(q8, qs, k8, ks, vq, vs, k_mean, bias, q_sel)
 
 
@@ -92,7 +93,7 @@ def attention_int8_from_operands(ops: Int8Operands, out, s_q: int, s_k: int, kv_
 
     if pv_fp8 != (ops.vs is not None):
         raise ValueError(f"pv_fp8={pv_fp8} with V in {ops.v.dtype}; accepted: pv_fp8 with the E4M3 V of "
-                         f"prepass_int8(v_format='fp8_channel' or 'fp8_tensor'), else BF16 V")
+                         f"prepass_int8(v_format='fp8_channel'), else BF16 V")
     if pv_fp8 and (exp2 != EXP2_MODE[Exponential.EXACT] or sigma != P_SIGMA_FP8 or cap > P_HEADROOM_LOG2):
         raise ValueError(f"FP8 P with exp2={exp2}, sigma={sigma}, cap={cap}; accepted: the exact exponential "
                          f"(exp2={EXP2_MODE[Exponential.EXACT]}), sigma={P_SIGMA_FP8}, cap <= {P_HEADROOM_LOG2}")

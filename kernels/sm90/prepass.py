@@ -376,11 +376,10 @@ def prepare_v(v: torch.Tensor, plan: KernelPlan, kv_lens=None, perm: bool = Fals
     return _quantize_v(v, kv_lens, flags, perm, plan.v_mx, plan.v_mx, plan.v_fmt, plan.v_rule, plan.v_t0)
 
 
-def prepare_v_fp8(v: torch.Tensor, per_channel: bool, kv_lens=None, flags=None):
-    """V in E4M3 with one fp32 scale ``amax / 448`` per (batch, head, channel) (``per_channel``: ``v_format``
-    ``fp8_channel``) or per tensor (``fp8_tensor``), keys in the FP8 A-fragment order: ``(v8t, vs)`` as
-    :func:`prepare_v`'s with ``perm``."""
-    return _quantize_v(v, kv_lens, flags, True, False, per_channel, FMT_E4M3, RULE_ROUND_UP_175, 0)
+def prepare_v_fp8_channel(v: torch.Tensor, kv_lens=None, flags=None):
+    """V in E4M3 with one fp32 scale ``amax / 448`` per (batch, head, channel) over the valid keys (``v_format``
+    ``fp8_channel``), keys in the FP8 A-fragment order: ``(v8t, vs)`` as :func:`prepare_v`'s with ``perm``."""
+    return _quantize_v(v, kv_lens, flags, True, False, True, FMT_E4M3, RULE_ROUND_UP_175, 0)
 
 
 def _quantize_v(v, kv_lens, flags, perm: bool, mx: bool, per_channel: bool, fmt: int, rule: int, t0: int):
