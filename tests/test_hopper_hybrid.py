@@ -169,7 +169,23 @@ def test_the_clis_accept_the_hopper_hybrid(capsys):
     assert HOPPER_HYBRID in e2e_cmd.SCHEDULES
     assert generate._validate(parser.parse_args(["generate", "--policy", HOPPER_HYBRID])).name == HOPPER_HYBRID
     assert [p.label for p in parse_policies([f"mxfp8,{HOPPER_HYBRID}"])] == ["bf16", FAST, HOPPER_HYBRID]
-    assert main(["generate", "--policy", "hybrid-int8"]) == 2  # one line listing the Hopper hybrid among the accepted
+    assert main(["generate", "--policy", "hybrid-int4"]) == 2  # one line listing the Hopper hybrid among the accepted
     err = capsys.readouterr().err
     print(err)
     assert err.count("\n") == 1 and err.startswith("fsattn generate: error:") and HOPPER_HYBRID in err
+
+
+@pytest.mark.parametrize("steps", sorted(PLANS))
+def test_the_int8_hopper_hybrid_runs_the_int8_speed_tier_between_the_end_steps(steps):
+    """``hybrid-int8``: the accurate tier on the Hopper hybrid's end steps, the INT8 speed tier (``int8-fp8``) between;
+    every tier of both Hopper hybrids is a policy ``fsattn e2e`` times on its own."""
+    from fsattn_diffusers.commands import e2e as e2e_cmd
+    from fsattn_diffusers.integration.policy import HOPPER_HYBRID_INT8
+    from fsattn_diffusers.recipe import INT8_FP8
+
+    plan = get_policy(HOPPER_HYBRID_INT8).plan_names(steps)
+    print(steps, plan)
+    assert plan == [INT8_FP8 if n == FAST else n for n in get_policy(HOPPER_HYBRID).plan_names(steps)]
+    assert HOPPER_HYBRID_INT8 in e2e_cmd.SCHEDULES
+    for name in (HOPPER_HYBRID, HOPPER_HYBRID_INT8):
+        assert set(get_policy(name).plan_names(20)) <= set(e2e_cmd.POLICIES)

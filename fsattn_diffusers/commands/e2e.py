@@ -4,7 +4,7 @@ Builds the Wan2.2-T2V-A14B or HunyuanVideo transformer at its real size with ran
 (:mod:`fsattn_diffusers.measure.e2e`), makes one step's inputs (latent (B, C, F, H/8, W/8) and text embeddings) and
 times whole denoising steps under each policy: stock bf16 attention (always the first row), the baselines (FA3
 bf16/FP8, SageAttention through diffusers' backend) and the fsattn presets. A step-scheduled policy (``hybrid``,
-``hybrid-int8-mxfp8``) is timed over one real run of ``--schedule-steps`` steps. Options: FP8 linear layers
+``hybrid-int8-mxfp8``, ``hybrid-int8``) is timed over one real run of ``--schedule-steps`` steps. Options: FP8 linear layers
 (``--gemms fp8``), ``torch.compile`` of the repeated blocks, fewer layers for smoke runs, HunyuanVideo's padded text.
 
 Output
@@ -33,9 +33,9 @@ from ..cli import UsageError, check_output_path
 
 NAME = "e2e"
 HELP = "time whole denoising steps of Wan2.2-T2V-A14B / HunyuanVideo at real size (random weights) per policy"
-POLICIES = ("bf16", "fa3", "fa3-fp8", "sage", "mxfp8", "int8-bf16", "mxfp6", "mxfp4")
+POLICIES = ("bf16", "fa3", "fa3-fp8", "sage", "mxfp8", "int8-bf16", "int8-fp8", "mxfp6", "mxfp4")
 #: Step-scheduled policies: timed over one real run of --schedule-steps steps (the paper's hybrid, the Hopper one).
-SCHEDULES = ("hybrid", "hybrid-int8-mxfp8")
+SCHEDULES = ("hybrid", "hybrid-int8-mxfp8", "hybrid-int8")
 DEFAULT_POLICIES = ("bf16", "mxfp8", "mxfp6", "mxfp4")
 
 
@@ -50,12 +50,12 @@ def add_arguments(p) -> None:
                    help=f"comma-separated of {', '.join(POLICIES + SCHEDULES)}; bf16 (stock SDPA) is always included; "
                         f"fa3 / fa3-fp8 (FlashAttention-3 BF16 / FP8) need the fa3-fwd package; sage (diffusers' "
                         f"SageAttention backend, set_attention_backend('sage'); Wan only) needs SageAttention 2; "
-                        f"hybrid and hybrid-int8-mxfp8 are timed over "
+                        f"{', '.join(SCHEDULES)} are timed over "
                         f"one real run of --schedule-steps steps (with mxfp6 and mxfp4 also measured, hybrid's "
                         f"projection from their steps is reported beside it)")
     p.add_argument("--schedule-steps", type=int, default=20,
-                   help="steps of the real run of a scheduled policy (hybrid, hybrid-int8-mxfp8; default 20, the "
-                        "paper's)")
+                   help=f"steps of the real run of a scheduled policy ({', '.join(SCHEDULES)}; default 20, the "
+                        f"paper's)")
     p.add_argument("--gemms", choices=("bf16", "fp8"), default="bf16",
                    help="fp8: the blocks' linear layers in torchao float8 (dynamic, per-row scales), every policy")
     p.add_argument("--compile", action="store_true",

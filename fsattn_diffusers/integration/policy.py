@@ -14,6 +14,8 @@ Accepted specifications (:func:`get_policy`):
   policy's such steps on a device).
 * ``"hybrid-int8-mxfp8"``: the same idea mapped to what is fast on Hopper, ``int8-bf16`` (the accurate tier) on the
   first and last 3 of 20 steps and ``mxfp8`` in between, scaled alike.
+* ``"hybrid-int8"``: ``int8-bf16`` on the same end steps and the INT8 speed tier ``int8-fp8`` (INT8 Q/K, FP8 P and V:
+  SageAttention 2's operand formats on the fused softmax) in between.
 * a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"``: segments in step order for the reference length
   (the sum), scaled proportionally to other step counts (:class:`SchedulePolicy`); each entry is a stock name or a
   recipe in any of the forms above (``"mxfp8+smooth_q=false:3,mxfp4:14,mxfp8+smooth_q=false:3"``).
@@ -37,7 +39,7 @@ import re
 from dataclasses import dataclass
 from typing import List, Mapping, Optional, Sequence, Tuple, Union
 
-from ..recipe import INT8_BF16, PRESETS, Recipe, get_recipe
+from ..recipe import INT8_BF16, INT8_FP8, PRESETS, Recipe, get_recipe
 from .step_counts import apportion
 
 #: Policy entry names that mean "the stock diffusers attention".
@@ -46,6 +48,8 @@ STOCK_NAMES = ("bf16", "stock")
 HYBRID_ENDS, HYBRID_MIDDLE, HYBRID_N_ENDS, HYBRID_REFERENCE_STEPS = "mxfp6", "mxfp4", 3, 20
 #: The Hopper hybrid: the accurate tier on the same end steps, mxfp8 in between.
 HOPPER_HYBRID, HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE = "hybrid-int8-mxfp8", INT8_BF16, "mxfp8"
+#: The INT8 Hopper hybrid: the accurate tier on the same end steps, the INT8 speed tier in between.
+HOPPER_HYBRID_INT8 = "hybrid-int8"
 
 Entry = Optional[Recipe]  # None = stock attention
 _ENDS_KEYS = ("ends", "middle", "n_ends", "reference_steps")
@@ -277,6 +281,7 @@ NAMED_POLICIES = {
     **{name: NamedPolicy((name,), StepRule.EVERY_STEP) for name in PRESETS},
     "hybrid": NamedPolicy((HYBRID_ENDS, HYBRID_MIDDLE), StepRule.ENDS),
     HOPPER_HYBRID: NamedPolicy((HOPPER_HYBRID_ENDS, HOPPER_HYBRID_MIDDLE), StepRule.ENDS),
+    HOPPER_HYBRID_INT8: NamedPolicy((HOPPER_HYBRID_ENDS, INT8_FP8), StepRule.ENDS),
     "fa3": NamedPolicy(("fa3",), StepRule.BASELINE_KERNEL, backend="fa3"),
     "fa3-fp8": NamedPolicy(("fa3-fp8",), StepRule.BASELINE_KERNEL, backend="fa3"),
     "sage": NamedPolicy((), StepRule.DIFFUSERS_BACKEND, backend="sage"),

@@ -287,7 +287,8 @@ def run_policy(model, inputs, spec: ModelSpec, policy: str, steps: int, warmup: 
 def run_schedule(model, inputs, spec: ModelSpec, policy: str = "hybrid", steps: int = PAPER_STEPS, warmup: int = 1,
                  backend: str = "auto") -> dict:
     """Time one real run of ``steps`` denoising steps under a step-scheduled ``policy`` (``"hybrid"``: mxfp6 on the
-    first and last 3 of 20 steps, mxfp4 between; ``"hybrid-int8-mxfp8"``: int8-bf16 there, mxfp8 between), as a
+    first and last 3 of 20 steps, mxfp4 between; ``"hybrid-int8-mxfp8"``: int8-bf16 there, mxfp8 between;
+    ``"hybrid-int8"``: int8-bf16 there, int8-fp8 between), as a
     pipeline runs it: :func:`fsattn_diffusers.apply` on the transformer, one timestep per step (``calls_per_step``
     forwards each), the processors switching recipes by themselves. Before the run, ``warmup`` untimed forwards per
     recipe of the plan (kernel compilation).
