@@ -366,7 +366,8 @@ def fake_quantize_fp8_tensor(x: torch.Tensor) -> torch.Tensor:
     """
     x = x.to(torch.float32)
     amax = x.abs().amax()
-    scale = torch.where(amax > 0, amax / E4M3.max_value, torch.ones_like(amax))
+    # a tensor divisor: PyTorch's CUDA division by a Python scalar multiplies by its reciprocal (one ulp off at times)
+    scale = torch.where(amax > 0, amax / torch.full_like(amax, E4M3.max_value), torch.ones_like(amax))
     return round_to_elem(x / scale, E4M3) * scale
 
 
