@@ -49,7 +49,7 @@ P_SIGMA_MXFP6 = sm90_numerics.P_SIGMA["mxfp6"]
 
 SUPPORTED_HEAD_DIMS = (64, 128)
 # The (P, V) formats of the INT8 kernel: those of the Hopper INT8 numerics but E4M3 V under one scale per tensor,
-# which no preset uses (the pre-pass's per-tensor E4M3 V has not been compared with that reference on a GPU).
+# which no preset uses.
 INT8_KERNEL_PV_FORMATS = tuple(pv for pv in INT8_PV_FORMATS if pv[1] != "fp8_tensor")
 
 
