@@ -57,7 +57,7 @@ def _x(v: Optional[float]) -> str:
 # ------------------------------------------------------------------------------------------------------ kernel speed
 
 #: The recipes of the speed table, in its order.
-SPEED_RECIPES = ("mxfp8", "mxfp6", "mxfp4", "int8-bf16", "int8-bf16+exponential=exact")
+SPEED_RECIPES = ("mxfp8", "mxfp6", "mxfp4", "int8-fp8", "int8-bf16", "int8-bf16+exponential=exact")
 
 
 def speed(root: str = ROOT) -> List[str]:
@@ -155,7 +155,7 @@ def structured(root: str = ROOT, dtype: str = "bfloat16", head_dim: int = 128,
 
 
 #: The accurate tier's recipes, compared cell by cell with SageAttention 2 (the ``sage`` column).
-TIER_RECIPES = ("int8-bf16", "int8-bf16+exponential=exact")
+TIER_RECIPES = ("int8-fp8", "int8-bf16", "int8-bf16+exponential=exact")
 
 
 def accurate_tier(root: str = ROOT) -> List[str]:
@@ -166,6 +166,8 @@ def accurate_tier(root: str = ROOT) -> List[str]:
     cases = doc["result"]["cases"]
     rows = []
     for rec in TIER_RECIPES:
+        if rec not in doc["result"]["columns"]:
+            continue
         ratios, above = [], []
         for c in cases:
             ours, sage = c["columns"][rec]["err"], c["columns"]["sage"]["err"]
