@@ -242,9 +242,11 @@ def run(args) -> int:
         from ..quality.replay import replay_command
 
         return replay_command(args.replay, device=args.device, json_path=args.json_path)
+    from ..measure import provenance
+
     meta = {"command": "fsattn " + " ".join(sys.argv[1:]) if sys.argv[0].endswith("fsattn") else None,
-            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-            "python": platform.python_version()}
+            "date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "commit": provenance.commit(),
+            "torch": torch.__version__, "python": platform.python_version()}
     if args.suite is not None and args.table is not None:
         raise UsageError("--suite and --table are exclusive; accepted: one of them")
     suite_only = {"--families": args.families, "--recipes": args.recipes, "--head-dims": args.head_dims,

@@ -58,11 +58,14 @@ def _x(v: Optional[float]) -> str:
 
 #: The recipes of the speed table, in its order.
 SPEED_RECIPES = ("mxfp8", "mxfp6", "mxfp4", "int8-fp8", "int8-bf16", "int8-bf16+exponential=exact")
+#: The bench run the speed table shows: the newest with every recipe of SPEED_RECIPES in one process.
+SPEED_FILE = "bench_h100.json"
 
 
 def speed(root: str = ROOT) -> List[str]:
-    """Per shape: the baselines and our recipes' whole call, from bench_h200.json; ratios are baseline time / ours."""
-    name = "bench_h200.json"
+    """Per shape: the baselines and our recipes' whole call, from :data:`SPEED_FILE`; ratios are baseline time /
+    ours."""
+    name = SPEED_FILE
     doc = load(name, root)
     by_shape: Dict[tuple, Dict[str, Dict]] = {}
     for r in doc["results"]:
@@ -154,20 +157,24 @@ def structured(root: str = ROOT, dtype: str = "bfloat16", head_dim: int = 128,
     return _table(header, rows) + _provenance([_source(name, doc)])
 
 
-#: The accurate tier's recipes, compared cell by cell with SageAttention 2 (the ``sage`` column).
-TIER_RECIPES = ("int8-fp8", "int8-bf16", "int8-bf16+exponential=exact")
+#: The INT8 tiers' recipes, compared cell by cell with SageAttention 2 (the ``sage`` column), and the result file
+#: each row comes from.
+TIER_ROWS = (("int8-fp8", "structured_accuracy_int8_fp8_h100.json"),
+             ("int8-bf16", "structured_accuracy_int8_h200.json"),
+             ("int8-bf16+exponential=exact", "structured_accuracy_int8_h200.json"))
+#: Cells above SageAttention 2 are named up to this many, else counted.
+TIER_CELLS_NAMED = 4
 
 
 def accurate_tier(root: str = ROOT) -> List[str]:
-    """The INT8 tier against SageAttention 2 over every cell (family x dtype x head dim) of
-    structured_accuracy_int8_h200.json: geometric mean and range of the error ratio, gaussian, cells above it."""
-    name = "structured_accuracy_int8_h200.json"
-    doc = load(name, root)
-    cases = doc["result"]["cases"]
-    rows = []
-    for rec in TIER_RECIPES:
-        if rec not in doc["result"]["columns"]:
-            continue
+    """The INT8 tiers against SageAttention 2 over the cells (family x dtype x head dim) of their result files
+    (:data:`TIER_ROWS`): geometric mean and range of the error ratio, gaussian, cells above it."""
+    rows, sources = [], []
+    for rec, name in TIER_ROWS:
+        doc = load(name, root)
+        cases = doc["result"]["cases"]
+        sources.append(_source(name, doc) + ("" if doc.get("complete", True) else
+                                             f", {len(cases)} cells: the run was cut before the last"))
         ratios, above = [], []
         for c in cases:
             ours, sage = c["columns"][rec]["err"], c["columns"]["sage"]["err"]
@@ -177,14 +184,14 @@ def accurate_tier(root: str = ROOT) -> List[str]:
         gauss, gauss_sage = ([c["columns"][col]["err"] * 100 for c in cases if c["family"] == "gaussian"]
                              for col in (rec, "sage"))
         geo = math.exp(sum(math.log(x) for x in ratios) / len(ratios))
+        named = f": {', '.join(above)}" if above and len(above) <= TIER_CELLS_NAMED else ""
         rows.append([f"**{rec}**", f"{geo:.3f}x", f"{min(ratios):.2f}x - {max(ratios):.2f}x",
                      f"{min(gauss):.2f} - {max(gauss):.2f} (SageAttention 2: {min(gauss_sage):.2f} - "
-                     f"{max(gauss_sage):.2f})",
-                     f"{len(above)} of {len(ratios)}" + (f": {', '.join(above)}" if above else "")])
+                     f"{max(gauss_sage):.2f})", f"{len(above)} of {len(ratios)}{named}"])
     seeds = _meta(doc).get("seeds")
     header = ["recipe", "error / SageAttention 2's, geometric mean", "range over the cells", "gaussian error %",
               f"cells above SageAttention 2 ({seeds} seeds each)"]
-    return _table(header, rows) + _provenance([_source(name, doc)])
+    return _table(header, rows) + _provenance(sources)
 
 
 # ------------------------------------------------------------------------------------------------------ end to end
