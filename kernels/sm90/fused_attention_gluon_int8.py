@@ -38,7 +38,7 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS, _perm_a_fragment, _words_to_fp8
+from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS, _words_to_fp8, a_fragment_quads
 from .gluon_key_loop import (_key_tile, _lowering_trigger, _record_rollback, _rollback_reference, _runs_this_launch,
                              _warp_any, _warp_vote_declare)
 from .gluon_mxfp6_p import D_BITS
@@ -129,13 +129,10 @@ def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr):
 @gluon.jit
 def _e4m3_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
     """FP8 P: the fp32 values ``f`` (``P 2^SIGMA``) as the E4M3 PV operand, int32 words of four bytes, shape
-    (BM, BN // 4), key columns permuted as :func:`_perm_a_fragment`: two ``cvt.rn.satfinite.e4m3x2.f32`` per word
-    (nearest-even), byte ``i`` of a word P's element ``4 w + i`` in ``p_layout`` order (the packing
-    :func:`_words_to_fp8` undoes)."""
-    f = gl.convert_layout(_perm_a_fragment(f, BM, BN), p_layout)
-    lo, hi = gl.split(gl.reshape(f, [BM, BN // 4, 2, 2]))  # elements (0, 2) and (1, 3) of each group of four
-    e0, e2 = gl.split(lo)
-    e1, e3 = gl.split(hi)
+    (BM, BN // 4), key columns in the FP8 A-fragment order (:func:`a_fragment_quads`): two
+    ``cvt.rn.satfinite.e4m3x2.f32`` per word (nearest-even), byte ``i`` of a word P's element ``4 w + i`` in
+    ``p_layout`` order (the packing :func:`_words_to_fp8` undoes)."""
+    e0, e1, e2, e3 = a_fragment_quads(f, p_layout, BM, BN)
     return gl.inline_asm_elementwise(
         "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
         "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)

@@ -78,15 +78,24 @@ def _perm_a_fragment(p, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _stage_b_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """Stage-B: the E4M3 PV operand (key columns permuted as :func:`_perm_a_fragment`) as int32 words of four E4M3
-    bytes, shape (BM, BN // 4): per word two PRMT (two FP16 patterns into one f16x2 register) and two
-    ``cvt.rn.satfinite.e4m3x2.f16x2``. Byte ``i`` of a word is P's element ``4 w + i`` in ``p_layout`` order.
-    A loop-carried FP8 tensor would be kept as one byte per register and repacked before the GEMM."""
+def a_fragment_quads(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """``(e0, e1, e2, e3)``, each (BM, BN // 4): the elements ``4 w + i`` of the (BM, BN) tile ``f`` with its key
+    columns permuted as :func:`_perm_a_fragment`, in ``p_layout`` order: the four bytes of word ``w`` of the E4M3 PV
+    operand."""
     f = gl.convert_layout(_perm_a_fragment(f, BM, BN), p_layout)
     lo, hi = gl.split(gl.reshape(f, [BM, BN // 4, 2, 2]))  # elements (0, 2) and (1, 3) of each group of four
     e0, e2 = gl.split(lo)
     e1, e3 = gl.split(hi)
+    return e0, e1, e2, e3
+
+
+@gluon.jit
+def _stage_b_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
+    """Stage-B: the E4M3 PV operand (:func:`a_fragment_quads`) as int32 words of four E4M3 bytes, shape
+    (BM, BN // 4): per word two PRMT (two FP16 patterns into one f16x2 register) and two
+    ``cvt.rn.satfinite.e4m3x2.f16x2``. Byte ``i`` of a word is P's element ``4 w + i`` in ``p_layout`` order.
+    A loop-carried FP8 tensor would be kept as one byte per register and repacked before the GEMM."""
+    e0, e1, e2, e3 = a_fragment_quads(f, p_layout, BM, BN)
     return gl.inline_asm_elementwise(
         "{ .reg .b32 a, b; .reg .b16 lo, hi; prmt.b32 a, $1, $2, 0x5410; prmt.b32 b, $3, $4, 0x5410; "
         "cvt.rn.satfinite.e4m3x2.f16x2 lo, a; cvt.rn.satfinite.e4m3x2.f16x2 hi, b; mov.b32 $0, {lo, hi}; }",
