@@ -14,7 +14,7 @@ from fsattn_diffusers.recipe import Exponential
 from fsattn_diffusers.smoothing import lse_offset, q_smoothing_ratio2
 
 from .ops import _lse_shape, _ones_tile, _out_like, count_rollback_tiles, rollback_tile_words, run_fused, tma_desc
-from .plan import P_HEADROOM_LOG2, P_SIGMA_FP8
+from .plan import INT8_KERNEL_PV_FORMATS, P_HEADROOM_LOG2, P_SIGMA_FP8
 from .prepass import KEY_TILE, prepare_v_fp8_channel
 from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
 from ..token_mean import token_mean
@@ -25,8 +25,9 @@ EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB per slot at D = 128) and registers of the worker partition.
 INT8_STAGES = 3
 INT8_WORKER_REGS = 240
-#: The V formats of the INT8 kernel: BF16 V (with BF16 P), E4M3 V with one scale per channel (FP8 P).
-INT8_V_FORMATS = (VFormat.BF16, VFormat.FP8_CHANNEL)
+#: The V formats of the INT8 kernel (plan.INT8_KERNEL_PV_FORMATS): BF16 V (with BF16 P), E4M3 V with one scale per
+#: channel (FP8 P).
+INT8_V_FORMATS = tuple(dict.fromkeys(VFormat(v) for _, v in INT8_KERNEL_PV_FORMATS))
 
 
 class Int8Operands(NamedTuple):
@@ -114,9 +115,8 @@ def attention_int8_from_operands(ops: Int8Operands, out, s_q: int, s_k: int, kv_
         fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
             q_desc, k_desc, v_desc, ones_desc, qs, ops.ks, bias if bias is not None else qs,
             ops.vs if pv_fp8 else qs, q_sel if q_sel is not None else stats, out, lse if lse is not None else stats,
-            stats,
-            tile_bits if nkw else stats, nkw,
-            kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q, s_k, sqp, skp,
+            stats, tile_bits if nkw else stats, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q,
+            s_k, sqp, skp,
             D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap),
             FLOOR=float(floor), STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), EXP2=int(exp2),
             HAS_BIAS=has_bias, TERM_SEL=q_sel is not None, PV_FP8=bool(pv_fp8), SIGMA=float(sigma), num_warps=4)
