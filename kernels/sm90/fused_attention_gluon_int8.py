@@ -26,9 +26,10 @@ Stage-A (``EXP2``; sm90_numerics differences 10, 11):
 
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
 ``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
-in fp32 on the tensor cores, so O and ``l`` are chained in the wgmma accumulators across key tiles. Keys past
-``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop.
-The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the ``int8-bf16`` recipe.
+in fp32 on the tensor cores, so with BF16 P O and ``l`` are chained in the wgmma accumulators across key tiles. Keys
+past ``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop.
+The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe (``int8-bf16``,
+``int8-fp8``).
 """
 
 from __future__ import annotations
