@@ -258,7 +258,10 @@ def shared_exponent(amax: torch.Tensor, fmt: ElemFormat, rule: str) -> torch.Ten
         biased = (amax.view(torch.int32) >> 23) & 0xFF
         s = biased - E8M0_BIAS - fmt.emax
     elif rule == ScaleRule.CEIL:
-        descale = (amax / fmt.max_value).view(torch.int32)
+        # fl(amax / elem_max) as the rule defines it: PyTorch's CUDA division by a Python scalar multiplies by the
+        # reciprocal, another rounding of the quotient (no ceil exponent found to differ on 4M values and the
+        # neighbours of elem_max * 2^k; the per-tensor FP8 scale did differ, fake_quantize_fp8_tensor)
+        descale = (amax / torch.full_like(amax, fmt.max_value)).view(torch.int32)
         s = (((descale + _F32_MANT_ONES) & _F32_EXP_MASK) >> 23) - E8M0_BIAS
     elif rule == ScaleRule.ROUND_UP_175:
         if fmt is not E4M3:
