@@ -7,7 +7,7 @@ Launch on 2 GPUs with Ulysses (``--ring_degree 2`` for ring; both for USP on 4):
         --guidance_scale 4 --guidance_scale_2 3
 
 ``--model HunyuanVideo`` runs HunyuanVideo. Our flags: ``--policy`` (bf16, mxfp8, mxfp6, mxfp4, hybrid,
-hybrid-int8-mxfp8 or a schedule), ``--fsattn_backend``, ``--fsattn_slot`` (the xDiT registry slot fsattn occupies) and
+hybrid-int8-mxfp8, hybrid-int8 or a schedule), ``--fsattn_backend``, ``--fsattn_slot`` (the xDiT registry slot fsattn occupies) and
 ``--fsattn_cross_slot`` (where Wan's cross-attention stays on bf16). Every other flag goes to xDiT's own
 runner (``xfuser.runner``) unchanged. xDiT's ``--use_hybrid_attn_schedule`` is refused: ``--policy`` is the
 schedule. Needs ``pip install xfuser`` (0.7.x) on a CUDA machine and the model weights.

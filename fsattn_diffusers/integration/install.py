@@ -215,8 +215,8 @@ def apply(pipe, policy="hybrid", backend: str = "auto", *, record: bool = True) 
         A Wan2.1 / Wan2.2 / HunyuanVideo pipeline (every transformer, e.g. ``transformer`` and
         ``transformer_2``), or one such transformer.
     policy : str, Recipe, mapping or Policy
-        ``"bf16"``, ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"int8-bf16"``, ``"hybrid"``, ``"hybrid-int8-mxfp8"``
-        (the Hopper hybrid), a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"`` or
+        ``"bf16"``, ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"int8-bf16"``, ``"int8-fp8"``, ``"hybrid"``, the
+        Hopper hybrids ``"hybrid-int8-mxfp8"`` and ``"hybrid-int8"``, a schedule string ``"mxfp6:3,mxfp4:14,mxfp6:3"`` or
         ``{"ends": ..., "middle": ..., "n_ends": ...}``. A policy with steps that this device's kernels run no
         faster than a cheaper preset (MXFP6/MXFP4 on a Hopper GPU: no faster than mxfp8) warns once
         (:func:`warn_slow_steps`).

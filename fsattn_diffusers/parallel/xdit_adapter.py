@@ -223,9 +223,9 @@ def install(policy="hybrid", pipe=None, *, slot: str = DEFAULT_SLOT, cross_slot:
     Parameters
     ----------
     policy : str, Recipe, mapping or Policy
-        ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"hybrid"``, ``"hybrid-int8-mxfp8"`` (the Hopper hybrid), a schedule
-        ``"mxfp6:3,mxfp4:14,mxfp6:3"``, ... On a Hopper GPU a policy with MXFP6/MXFP4 steps warns once that they run
-        no faster than mxfp8 there.
+        ``"mxfp8"``, ``"mxfp6"``, ``"mxfp4"``, ``"hybrid"``, the Hopper hybrids (``"hybrid-int8-mxfp8"``,
+        ``"hybrid-int8"``), a schedule ``"mxfp6:3,mxfp4:14,mxfp6:3"``, ... On a Hopper GPU a policy with MXFP6/MXFP4
+        steps warns once that they run no faster than mxfp8 there.
     pipe : diffusers pipeline or transformer, optional
         Followed for the denoising step (also later with :meth:`XDiTHandle.follow`).
     slot : str
