@@ -6,7 +6,7 @@ each time is :func:`fsattn_diffusers.measure.kernel_bench.paired_median` of the 
 before ``--rounds`` took even counts only) drops its last round, so the estimate still pairs forward and reverse
 rounds. Prints a markdown table:
 
-    python -m fsattn_diffusers.measure.bench_pairs benchmarks/results/bench_h200.json [--pairs mxfp8:mxfp8-paper,...]
+    python -m fsattn_diffusers.measure.bench_pairs benchmarks/results/bench_h100.json [--pairs mxfp8:mxfp8-paper,...]
 """
 
 from __future__ import annotations
