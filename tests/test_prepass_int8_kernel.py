@@ -95,8 +95,7 @@ def test_q_smoothing_codes_and_key_term_are_the_references(min_ratio):
         assert q_sel is None
 
 
-@pytest.mark.parametrize("v_format", ["fp8_channel"])
-def test_fp8_v_is_the_references(v_format):
+def test_fp8_v_is_the_references():
     """FP8 V (the speed tier, ``int8-fp8``): ``V8T^T * vs`` bit for bit the reference's ``E4M3(V / s) s`` (scale
     ``amax / 448`` per channel over the valid keys), keys in the FP8 A-fragment order, padded keys and keys past
     ``kv_lens`` zero."""
@@ -106,14 +105,14 @@ def test_fp8_v_is_the_references(v_format):
     v[..., 7] *= 30.0  # a channel far above the rest: its own scale
     v[1, :, 250:] = float("nan")  # past kv_lens[1]: never read
     kvl = torch.tensor([300, 250], dtype=torch.int32, device=DEV)
-    recipe = get_recipe("int8-fp8").replace(numerics="sm90", v_format=v_format)
-    ops = prepass_int8(q, k, v, d ** -0.5, kvl, v_format=v_format)
+    recipe = get_recipe("int8-fp8").replace(numerics="sm90")
+    ops = prepass_int8(q, k, v, d ** -0.5, kvl, v_format=recipe.v_format)
     valid = valid_prefix(kvl, s, q.device)
     vo = numerics_for(recipe).operands(q, k, v, d ** -0.5, valid)[2]
     v8 = ops.v[..., a_fragment_position(torch.arange(ops.v.shape[-1], device=DEV))].transpose(2, 3)  # key order
     got = v8.float() * ops.vs[:, :, None, :]
     diffs = int((got[:, :, :s] != vo).sum())
-    print(f"{v_format}: V8T {tuple(ops.v.shape)} {ops.v.dtype}, differing values {diffs} of {vo.numel()}, "
+    print(f"{recipe.v_format}: V8T {tuple(ops.v.shape)} {ops.v.dtype}, differing values {diffs} of {vo.numel()}, "
           f"channel scales {ops.vs[0, 0, :8].tolist()}")
     assert ops.v.dtype == torch.float8_e4m3fn and diffs == 0
     assert bool((got[:, :, s:] == 0).all()) and bool((got[1, :, 250:] == 0).all())
