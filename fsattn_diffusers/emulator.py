@@ -15,7 +15,7 @@ from .exponent import LN2
 from .numerics import MI355XNumerics, key_tile_order, numerics_for
 from .numerics_accumulation import fp8_chained_mma, promotes_after
 from .recipe import ROLLBACK_FLOOR_LIMIT_LOG2, Recipe
-from .smoothing import smooth_inputs, valid_prefix
+from .smoothing import q_smoothing_heads, smooth_inputs, valid_prefix
 
 # Upper bound on (groups x rows x keys) elements of one score slab: ~256 MB of float32.
 _SLAB_ELEMENTS = 1 << 26
@@ -69,12 +69,13 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
         tiles = range(-(-s_k // n))
     for j, t in enumerate(tiles):
         k0, k1 = t * n, min(t * n + n, s_k)
-        x = num.scores(q, k[:, k0:k1])
+        x, parts = num.tile_scores(q, k[:, k0:k1])  # parts: what the kernel's Stage-A reads in place of x
         if post_mult != 1.0:
-            x = x * post_mult
+            x, parts = x * post_mult, None
         if bias is not None:
             term = bias[:, None, k0:k1]
             x = x + (term if kept is None else torch.where(kept[..., None], term, torch.zeros_like(term)))
+            parts = None if parts is None or kept is None else parts._replace(rows=~kept)  # rows without the term
         vmask = None if valid is None else valid[:, None, k0:k1]
         if vmask is not None:
             x = torch.where(vmask, x, neg_inf)
@@ -108,7 +109,7 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
                 pad = n_qt * num.tile_m - r
                 per_tile = torch.nn.functional.pad(fire, (0, pad)).reshape(g, n_qt, num.tile_m)
                 stats["rollback_tiles"] += int(per_tile.any(dim=-1).sum())
-        p = num.stage_a(x, torch.where(torch.isfinite(m), m, torch.zeros_like(m)))
+        p = num.stage_a(x, torch.where(torch.isfinite(m), m, torch.zeros_like(m)), parts)
         if vmask is not None:
             p = torch.where(vmask, p, torch.zeros_like(p))
         p_hat, row_sum = num.stage_b(p)
@@ -191,6 +192,9 @@ def emulate_attention(q, k, v, recipe: Recipe, *, scale: float, kv_lens: Optiona
     with torch.no_grad():
         q_in, k_in, bias, lse_offset = smooth_inputs(q, k, recipe, scale, valid_b, valid_q)
         qo, ko, vo, post, bias, kept = num.operands(q_in, k_in, v, scale, valid_b, bias)
+        if bias is not None and kept is None and recipe.smooth_q_min_ratio > 0.0:
+            # the rows of the slices Q smoothing's switch takes (the others' term is 0; a kernel runs them without it)
+            kept = q_smoothing_heads(q, recipe.smooth_q_min_ratio, valid_q)[:, :, None].expand(b, h, s_q)
         if bias is not None:
             bias = bias.reshape(b * h, s_k)
         if kept is not None:

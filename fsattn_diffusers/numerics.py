@@ -9,7 +9,7 @@ gate cap, Stage-A, Stage-B with the row-sum term, and the tile sizes. :func:`key
 
 from __future__ import annotations
 
-from typing import List, Optional, Tuple
+from typing import List, NamedTuple, Optional, Tuple
 
 import torch
 
@@ -37,6 +37,19 @@ def key_tile_order(order: str, q_tile: int, n_q_tiles: int, n_k_tiles: int) -> L
         return list(range(n_k_tiles))
     j0 = first_key_tile(q_tile, n_q_tiles, n_k_tiles)
     return [(j0 + j) % n_k_tiles for j in range(n_k_tiles)]
+
+
+class ScoreParts(NamedTuple):
+    """What a kernel's Stage-A reads in place of a key tile's scores X (the INT8 kernel: sm90_numerics difference 14).
+
+    s : Tensor (G, R, n) float32, the exact integer dot products.
+    a : Tensor (G, R, n) float32, ``float32(s_q s_k)``: X = float32(s a).
+    rows : Tensor (G, R) bool or None: the rows whose Stage-A reads these (None: all; the others read X).
+    """
+
+    s: torch.Tensor
+    a: torch.Tensor
+    rows: Optional[torch.Tensor] = None
 
 
 class MI355XNumerics:
@@ -78,12 +91,18 @@ class MI355XNumerics:
         """``X = q k^T`` (G, R, n) float32 for operands ``q`` (G, R, D) and one key tile ``k`` (G, n, D)."""
         return torch.matmul(q, k.transpose(1, 2))
 
+    def tile_scores(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, Optional[ScoreParts]]:
+        """``(X, parts)``: :meth:`scores` and what Stage-A reads in place of X (:class:`ScoreParts`; None: X)."""
+        return self.scores(q, k), None
+
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
         """The frozen reference from the first key tile visited (Algorithm 1, line 2), raised by
         ``Recipe.frozen_max_offset_log2``. ``tile_max`` (..., rows) float32, doublings."""
         return tile_max + self.recipe.frozen_max_offset_log2
 
-    def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    def stage_a(self, x: torch.Tensor, m: torch.Tensor, parts: Optional[ScoreParts] = None) -> torch.Tensor:
+        """Stage-A's weights (G, R, n) from the scores ``x`` and the reference ``m`` (G, R); ``parts``: those of
+        :meth:`tile_scores` (unused here)."""
         return exponent_stage_a(x - m[..., None], self.recipe.exponential, self.recipe.proxy)
 
     def stage_b(self, p: torch.Tensor) -> Tuple[torch.Tensor, torch.Tensor]:
@@ -126,7 +145,7 @@ class SM90Numerics(MI355XNumerics):
         """As the base class, on the kernel's 1/128 grid: ``ceil(128 tile_max) / 128 + offset`` (exact)."""
         return torch.ceil(tile_max * 128.0) / 128.0 + self.recipe.frozen_max_offset_log2
 
-    def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    def stage_a(self, x: torch.Tensor, m: torch.Tensor, parts: Optional[ScoreParts] = None) -> torch.Tensor:
         if self._h15:
             return self._sm90.stage_a_h15(x, m, self.p_scale_log2)
         return self._sm90._stage_a(x, m, self.p_scale_log2, not self.recipe.rollback,
@@ -189,14 +208,32 @@ class SM90Int8Numerics(MI355XNumerics):
 
     def scores(self, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
         """``float32(S * float32(s_q s_k))`` with ``S`` the integer dot products (exact in float32: below 2^22)."""
+        return self.tile_scores(q, k)[0]
+
+    def tile_scores(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, ScoreParts]:
+        """:meth:`scores` and its parts ``S``, ``float32(s_q s_k)``: the kernel's Stage-A reads the biased integer
+        scores (difference 14)."""
         s = torch.matmul(q[..., :-1], k[..., :-1].transpose(1, 2))
-        return s * (q[..., -1:] * k[..., -1][:, None, :])
+        a = q[..., -1:] * k[..., -1][:, None, :]
+        return s * a, ScoreParts(s, a)
 
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
-    def stage_a(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+    def stage_a(self, x: torch.Tensor, m: torch.Tensor, parts: Optional[ScoreParts] = None) -> torch.Tensor:
         """Schraudolph's BF16 pattern (difference 10; FP8 P: the FP16 proxy of ``P 2^sigma``, difference 13) or
-        ``2^(x - m)`` (``exact``, difference 11; BF16 P rounds it, FP8 P keeps fp32 times ``2^sigma``)."""
+        ``2^(x - m)`` (``exact``, difference 11; BF16 P rounds it, FP8 P keeps fp32 times ``2^sigma``). With ``parts``
+        on the biased scores (difference 14) for ``parts.rows`` (all rows if None), from ``x`` elsewhere."""
+        if parts is None:
+            return self._stage_a_scores(x, m)
+        exact = self.recipe.exponential == Exponential.EXACT
+        p = self._sm90.stage_a_biased(parts.s, parts.a, m, self.p_scale_log2, exact, not self.recipe.rollback,
+                                      f16=self._fp8_p)
+        if exact and not self._fp8_p:
+            p = round_to_bf16(p)
+        return p if parts.rows is None else torch.where(parts.rows[..., None], p, self._stage_a_scores(x, m))
+
+    def _stage_a_scores(self, x: torch.Tensor, m: torch.Tensor) -> torch.Tensor:
+        """Stage-A from the scores in doublings (the rows that add Q smoothing's key term, difference 12)."""
         sigma = self.p_scale_log2
         if self.recipe.exponential == Exponential.EXACT:
             y = (x.double() - m.double()[..., None]).float()

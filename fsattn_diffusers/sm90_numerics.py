@@ -78,6 +78,16 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    2 ulp). The row sum adds the E4M3 values (difference 5). V is E4M3 with one fp32 scale ``amax / 448`` per
    (batch, head, channel) over the valid keys, multiplied into V8 here; a kernel may apply it to O instead.
 
+14. **The INT8 tiers' Stage-A on biased scores.** The kernel turns the int32 scores into fp32 by adding them to the
+   bits of ``1.5 * 2^23`` (:data:`I2F_MAGIC`, exact for ``|S| < 2^22``) and keeps ``Xb = 1.5 * 2^23 + S``: the bias
+   goes into Stage-A's per-row constant of each key tile, one fp32 rounding, ``C = float32(a 1.5 2^23 + (m - sigma))``
+   (exact exponential; ``a = float32(s_q s_k)``) or ``C = float32(128 a 1.5 2^23 - c)`` (Schraudolph, ``c`` its
+   constant on the 1/128 grid), and Stage-A is one FMA of ``Xb``: ``float32(Xb a - C)``, ``float32(Xb 128 a - C)``.
+   So each (row, key tile) sees ``m`` moved by ``C``'s rounding, below ``ulp(a 1.5 2^23) / 2`` (exact; Schraudolph: below
+   1/256 of a doubling), and the scores enter Stage-A as exact products (no fp32 rounding of ``S a`` first). The
+   gate and the reference read ``float32(max(S) a)`` as in difference 10; rows that add Q smoothing's key term
+   (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased Stage-A. :func:`stage_a_biased`.
+
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
 chained onto O every later tile's products would be cut at O's magnitude: on sharp, patch-like rows 10.5% of the output
@@ -113,6 +123,8 @@ D_BITS = 16249
 #: 1024 * (15 - 7/128): the same bias on FP16's 1/1024 grid (difference 7).
 D_BITS_F16 = 15304
 #: Largest finite FP16 pattern (saturation of the FP16 proxy when no gate bounds P).
+#: 1.5 * 2^23: Stage-A's clamp constant, and the INT8 kernel's bias of the int32 scores (difference 14).
+I2F_MAGIC = 12582912.0
 F16_MAX_BITS = 0x7BFF
 #: Rowmax-H15 (difference 8): the clamp of ``n`` (2^-126, a normal fp32 weight).
 H15_MIN_N = -252
@@ -275,6 +287,39 @@ def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: 
     ``f16`` (difference 7) the FP16 pattern rne(1024 (X - m) + D16 + 1024 sigma). Returns float32 values."""
     grid, bias = (1024.0, D_BITS_F16) if f16 else (128.0, D_BITS)
     t = torch.round(x.double() * grid - m.double()[..., None] * grid + (bias + grid * sigma))
+    return _proxy_values(t, saturate, f16)
+
+
+def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int, exact: bool, saturate: bool,
+                   f16: bool = False) -> torch.Tensor:
+    """Difference 14: the INT8 kernel's Stage-A on the biased scores ``Xb = 1.5 2^23 + s``.
+
+    Parameters
+    ----------
+    s : Tensor (..., rows, keys) float32, the exact integer dot products (``|s| < 2^22``).
+    a : Tensor (..., rows, keys) float32, ``float32(s_q s_k)`` (doublings per unit of ``s``).
+    m : Tensor (..., rows) float32, the reference (on the 1/128 grid).
+    sigma, saturate, f16 : as :func:`_stage_a`; ``exact``: the exponential ``2^y`` (fp32 values of ``P 2^sigma``,
+        unrounded) instead of Schraudolph's proxy.
+
+    The fp32 FMAs are computed in float64, where ``Xb a`` (24 x 24 bits) and the difference with the constant are
+    exact, and rounded to float32 once, as the FMA rounds.
+    """
+    xb = s.double() + I2F_MAGIC
+    a64 = a.double()
+    m64 = m.double()[..., None]
+    if exact:
+        const = (a64 * I2F_MAGIC + (m64 - sigma)).float().double()
+        return torch.nan_to_num(torch.exp2((xb * a64 - const).float()), nan=0.0)
+    grid, bias = (1024.0, D_BITS_F16) if f16 else (128.0, D_BITS)
+    c = (I2F_MAGIC + bias + grid * sigma) - grid * m64  # the unbiased constant (exact: m is on the grid)
+    const = (grid * a64 * I2F_MAGIC - c).float().double()
+    return _proxy_values(torch.round(xb * (grid * a64) - const - I2F_MAGIC), saturate, f16)
+
+
+def _proxy_values(t: torch.Tensor, saturate: bool, f16: bool) -> torch.Tensor:
+    """Stage-A's 16-bit patterns ``t`` (float64 integers, before the clamp) as float32 values: BF16 patterns, or FP16
+    with ``f16``; clamped at 0 and (``saturate``) at the largest finite pattern."""
     t = torch.nan_to_num(t, nan=0.0, neginf=0.0)
     top = (F16_MAX_BITS if f16 else 65535.0) if saturate else float("inf")
     t = torch.clamp(t, min=0.0, max=top)

@@ -7,25 +7,30 @@ asynchronous, the softmax of key tile j beside the PV GEMM of tile j-1, one mbar
 vote, the rare rollback); its helpers are imported from there. What differs, per key tile j:
 
     issue S_j = Q8 K8_j^T (s8 x s8 -> s32); issue l += P16_{j-1} @ ones; issue O += P16_{j-1} V16_{j-1}   (async)
-    wait for S_j and l; scores in doublings x = S_j * a_j with a_j = QS_row * KS_j (fp32, one rounding)
-    gate on rowmax(x) (int32 maximum, then one multiply), Stage-A (``EXP2``, below) gives ``P = 2^(x - m)``
+    wait for S_j and l; biased scores Xb = 1.5 2^23 + S_j (one integer add), a_j = QS_row * KS_j (fp32)
+    gate on rowmax(Xb) - 1.5 2^23, times a_j (per row), Stage-A (``EXP2``, below) gives ``P = 2^(S_j a_j - m)``
     wait for the PV GEMM; rare rollback; P16_j = two BF16 values per register, carried to iteration j+1
 
-``PV_FP8`` (sm90_numerics difference 13): Stage-A is ``ex2.approx.f32(fma(S_j, a_j, -(m - SIGMA)))``, i.e. ``P 2^SIGMA``
+``PV_FP8`` (sm90_numerics difference 13): Stage-A is ``ex2.approx.f32(fma(Xb, a_j, -k))``, i.e. ``P 2^SIGMA``
 with ``SIGMA = 4`` under the gate's cap of 4 doublings, two ``cvt.rn.satfinite.e4m3x2.f32`` per word of four E4M3
 bytes (key columns in the FP8 A-fragment order, V8T stored to match); each tile's ``P8 @ ones`` and ``P8 V8`` go into
 zero accumulators and are added to ``l`` and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32:
 chained across key tiles it loses the small later products). V8 carries one scale per channel (``VS``), applied to
 O's columns after ``1 / l``.
 
-Stage-A (``EXP2``; sm90_numerics differences 10, 11):
+Stage-A (``EXP2``; sm90_numerics differences 10, 11, 14), one FMA per element on the biased scores, the bias taken off
+by the tile's row constant ``k`` (one FMA per row and tile, one rounding):
 
-- ``EXP2_SCHRAUDOLPH``: ``z = max(fma(S_j, 128 a_j, c), MAGIC)``, whose low 16 bits are the BF16 proxy pattern (grid
-  1/128 of a doubling, Schraudolph's bias ``D_BITS``); one PRMT packs two patterns.
-- ``EXP2_HW``: ``ex2.approx.f32(fma(S_j, a_j, -m))`` and ``cvt.rn.bf16x2.f32`` for two values.
+- ``EXP2_SCHRAUDOLPH``: ``z = max(fma(Xb, 128 a_j, -k), MAGIC)`` with ``k = fma(128 a_j, 1.5 2^23, -c)``, whose low
+  16 bits are the BF16 proxy pattern (grid 1/128 of a doubling, Schraudolph's bias ``D_BITS`` in ``c``); one PRMT packs
+  two patterns.
+- ``EXP2_HW``: ``ex2.approx.f32(fma(Xb, a_j, -k))`` with ``k = fma(a_j, 1.5 2^23, m - SIGMA)``, and
+  ``cvt.rn.bf16x2.f32`` for two values (BF16 P).
 
-Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22) and turned into fp32 by adding them to the bits of
-``1.5 * 2^23`` (exact); Stage-A rounds ``S (128 a) + c`` once (one FMA, ``128 a`` exact). BF16 products accumulate
+Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22); added to the bits of ``1.5 * 2^23`` they are exact fp32
+values ``Xb``, and Stage-A's FMA takes the exact product ``Xb a`` (``k``'s rounding moves ``m`` per row and tile by
+less than half its ulp: difference 14). Slices with Q smoothing's key term form ``fma(Xb - 1.5 2^23, a, b_j)``
+(difference 12) and run Stage-A on those doublings. BF16 products accumulate
 in fp32 on the tensor cores, so with BF16 P O and ``l`` are chained in the wgmma accumulators across key tiles. Keys
 past ``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels off the loop.
 The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe (``int8-bf16``,
@@ -55,9 +60,10 @@ EXP2_HW = gl.constexpr(1)
 
 
 @gluon.jit
-def _scores_f32(s):
-    """The int32 scores as fp32 values (exact for |s| < 2^22): an integer add on the bits and one subtraction."""
-    return (s + I2F_BITS).to(gl.float32, bitcast=True) - I2F_MAGIC
+def _scores_biased(s):
+    """The int32 scores as the fp32 values ``1.5 * 2^23 + s`` (exact for |s| < 2^22): one integer add on the bits.
+    The bias stays: Stage-A's per-row constant takes it off (sm90_numerics difference 14)."""
+    return (s + I2F_BITS).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -87,17 +93,17 @@ def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr)
     column it holds, and the loads' addresses, hoisted out of the key loop, spilled (1048 B with FP8 P)."""
     one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=one))
-    return x * a[:, None] + gl.convert_layout(b, scol)[None, :]
+    return (x - I2F_MAGIC) * a[:, None] + gl.convert_layout(b, scol)[None, :]
 
 
 @gluon.jit
 def _row_peaks(x, a, SCALED: gl.constexpr):
     """The tile's row peaks in doublings: ``max(x)`` where ``x`` already is in doublings (``SCALED``: with the key
-    term), else the integer scores' maximum times ``a`` (one multiply per row)."""
+    term), else the biased integer scores' maximum, unbiased (exact) and times ``a`` (per row)."""
     if SCALED:
         return gl.max(x, axis=1)
     else:
-        return gl.max(x, axis=1) * a
+        return (gl.max(x, axis=1) - I2F_MAGIC) * a
 
 
 @gluon.jit
@@ -117,13 +123,17 @@ def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGM
 
 @gluon.jit
 def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr):
-    """Stage-A on the scores ``x`` (exact fp32 integers) of one key tile with the row factors ``a`` and constants
-    ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``,
-    ``P 2^SIGMA``) are P (module docstring)."""
+    """Stage-A on the biased scores ``x`` (``1.5 * 2^23 + S``, :func:`_scores_biased`) of one key tile with the row
+    factors ``a`` and constants ``c`` / references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or
+    values (``EXP2_HW``, ``P 2^SIGMA``) are P (module docstring). The bias goes into the tile's row constant ``k``
+    (one FMA per row, one rounding), so each element is one FMA (sm90_numerics difference 14)."""
     if EXP2 == EXP2_HW:
-        p = gl.exp2(x * a[:, None] - (m - SIGMA)[:, None])
+        k = gl.fma(a, I2F_MAGIC, m - SIGMA)
+        p = gl.exp2(x * a[:, None] - k[:, None])
     else:
-        p = gl.maximum(x * (a * GRID)[:, None] + c[:, None], MAGIC)
+        ag = a * GRID
+        k = gl.fma(ag, I2F_MAGIC, -c)
+        p = gl.maximum(x * ag[:, None] - k[:, None], MAGIC)
     return p
 
 
@@ -228,7 +238,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         lacc = lv
     t = _key_tile(j, j0, n_tiles, DIAGONAL)
     a = qsc * gl.load(KS_row + t)
-    x = _scores_f32(s)
+    x = _scores_biased(s)
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
     if HAS_BIAS:  # scores in doublings with Q smoothing's key term
@@ -311,7 +321,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         a = qsc * gl.load(KS_row + j0)
-        x = _mask_tail(_scores_f32(s), j0, n_keys, BN, scol)
+        x = _mask_tail(_scores_biased(s), j0, n_keys, BN, scol)
         if HAS_BIAS:
             x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
         m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
