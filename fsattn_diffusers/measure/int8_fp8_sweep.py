@@ -9,10 +9,7 @@ exact"``) and, for choices the library does not offer as a recipe field, one of 
 * ``sigma6``: P carried as ``E4M3(P 2^6)`` with the gate at 2 doublings (instead of ``2^4`` and 4);
 * ``u8``: Stage-A's single-stage U8 proxy read as E4M3 (the exponent rounded in the log domain, no E4M3 cast);
 * ``vblock``: V in E4M3 with one scale per channel and 128-key tile; ``vsmooth``: V's BF16 per-channel mean
-  subtracted before the quantization and added to the output (exact: P's rows sum to the row sum);
-* ``pv16`` (BF16-P recipes, ``int8-bf16``): P and V in FP16 instead of BF16 (three more mantissa bits, the same
-  tensor-core rate): Schraudolph's FP16 pattern (grid 1/1024 of a doubling) or ``FP16(2^(X - m))``, V rounded to FP16
-  from the input, the gate at ``min(cap, 15)`` (FP16's range).
+  subtracted before the quantization and added to the output (exact: P's rows sum to the row sum).
 
 ``python -m fsattn_diffusers.measure.int8_fp8_sweep --shape 1,2,2048 --json OUT.json --variants ...``
 """
@@ -31,8 +28,6 @@ from .. import emulator as emulator_module
 from ..emulator import emulate_attention
 from ..exponent import PROXY_LAYOUT, SCHRAUDOLPH_EPS, U8_MAX_CODE
 from ..formats import E4M3, QKFormat, round_to_elem
-from ..recipe import Exponential
-from ..sm90_numerics import _stage_a as sm90_stage_a
 from ..numerics import numerics_for
 from ..smoothing import subtract_mean, token_mean
 from ..testing import exact_attention, relative_error
@@ -44,10 +39,8 @@ from .structured_inputs import FAMILIES
 from .structured_suite import DTYPES
 
 #: Measure-only changes of the kernels' INT8 numerics (module docstring), applied after the recipe's own.
-MEASURE_ONLY = ("sigma6", "u8", "vblock", "vsmooth", "pv16")
+MEASURE_ONLY = ("sigma6", "u8", "vblock", "vsmooth")
 SAGE = "sage2-model"
-#: ``pv16``'s gate: FP16 holds ``P`` up to ``2^15`` (65504).
-PV16_CAP_LOG2 = 15
 
 
 class _Variant:
@@ -60,11 +53,6 @@ class _Variant:
         super().__init__(recipe)
         if "sigma6" in self.extras:
             self.p_scale_log2, self.cap_log2 = 6, min(self.cap_log2, 2)
-        if "pv16" in self.extras:
-            if recipe.p_format != "bf16":
-                raise ValueError(f"pv16 replaces BF16 P and V; {recipe.p_format} P given; accepted: int8-bf16 and its "
-                                 f"exponential= variants")
-            self.cap_log2 = min(self.cap_log2, PV16_CAP_LOG2)
 
     def operands(self, q, k, v, scale, valid, bias=None):
         out = list(super().operands(q, k, v, scale, valid, bias))
@@ -76,19 +64,9 @@ class _Variant:
             amax = yb.abs().amax(dim=-2, keepdim=True)
             sc = torch.where(amax > 0, amax / E4M3.max_value, torch.ones_like(amax))
             out[2] = (round_to_elem(yb / sc, E4M3) * sc).reshape(b, h, -1, d)[:, :, :s]
-        if "pv16" in self.extras:
-            y = v.to(torch.float32)
-            if valid is not None:
-                y = torch.where(valid[:, None, :, None], y, torch.zeros_like(y))
-            out[2] = y.to(torch.float16).to(torch.float32)
         return tuple(out)
 
-    def stage_a(self, x, m, parts=None):  # the measure-only Stage-As read the scores, not the biased parts
-        if "pv16" in self.extras:
-            if self.recipe.exponential == Exponential.EXACT:
-                y = (x.double() - m.double()[..., None]).float()
-                return torch.nan_to_num(torch.exp2(y), nan=0.0).to(torch.float16).to(torch.float32)
-            return sm90_stage_a(x, m, 0, not self.recipe.rollback, f16=True)
+    def stage_a(self, x, m, parts=None):  # ``u8`` reads the scores, not the biased parts (sm90_numerics diff. 14)
         if "u8" not in self.extras:
             return super().stage_a(x, m, parts)
         mbits, bias, _ = PROXY_LAYOUT["u8"]
