@@ -210,12 +210,12 @@ class SM90Int8Numerics(MI355XNumerics):
         """``float32(S * float32(s_q s_k))`` with ``S`` the integer dot products (exact in float32: below 2^22)."""
         return self.tile_scores(q, k)[0]
 
-    def tile_scores(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, ScoreParts]:
-        """:meth:`scores` and its parts ``S``, ``float32(s_q s_k)``: the kernel's Stage-A reads the biased integer
-        scores (difference 14)."""
+    def tile_scores(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, Optional[ScoreParts]]:
+        """:meth:`scores` and, with BF16 P, its parts ``S``, ``float32(s_q s_k)``: the kernel's Stage-A reads the
+        biased integer scores there (difference 14); with FP8 P it reads the scores (None)."""
         s = torch.matmul(q[..., :-1], k[..., :-1].transpose(1, 2))
         a = q[..., -1:] * k[..., -1][:, None, :]
-        return s * a, ScoreParts(s, a)
+        return s * a, None if self._fp8_p else ScoreParts(s, a)
 
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 

@@ -39,17 +39,15 @@ KERNEL_REF_MAX = 2e-2
 #: the reference reproduces (on the biased scores, sm90_numerics difference 14), so what is left is the fp32 summation
 #: order of O and l on the tensor cores and, on the rows with Q smoothing's key term, one score in ~2^12 whose fp32
 #: value rounds across a step of Stage-A's 1/128 grid (one BF16 unit of one P). Both move the output far below its
-#: BF16 rounding (2^-8): outputs within 2^-10. In a row dominated by one
-#: key that one BF16 unit of P moves l by up to 2^-7: LSE within ln(1 + 2^-7) + 1e-3 nats (H200: outputs within
-#: 1.4e-4, LSE within 4.0e-3 on the structured families).
+#: BF16 rounding (2^-8): outputs within 2^-10. In a row dominated by one key that one BF16 unit of P moves l by up to 2^-7: LSE within ln(1 + 2^-7) + 1e-3 nats (H100: outputs within
+#: 1.2e-4, LSE within 3.4e-3 on the structured families, 7.8e-3 on the rollback test's rows).
 INT8_KERNEL_REF_MAX = 2.0 ** -10
 INT8_LSE_MAX = math.log1p(2.0 ** -7) + 1e-3
-#: The INT8 kernel with FP8 P and V (``int8-fp8``) against its reference: the kernel's ``ex2.approx.f32`` (within 2 ulp)
-#: and the reference's exponential, and on the rows with Q smoothing's key term the fp32 rounding of ``X`` before
-#: ``X - m``, put about one P in 10^4 on the other side of an E4M3 rounding boundary: one E4M3 step (1/16 to 1/8 of
-#: that P) in a random fraction f of P moves the output by about step * sqrt(f), ~1e-3 (H100, with the rounded ``X``
-#: on every row: up to 1.30e-3 on the structured families at D 128, the errors against exact attention equal to
-#: 1e-5). Outputs within 2^-8.
+#: The INT8 kernel with FP8 P and V (``int8-fp8``) against its reference: the kernel forms ``X - m`` in one FMA of the
+#: exact integer scores, the reference rounds ``X`` first (``ulp(X)``, up to 2^-17 doublings at |X| ~ 100), so about
+#: one P in 10^4 sits on the other side of an E4M3 rounding boundary: one E4M3 step (1/16 to 1/8 of that P) in a
+#: random fraction f of P moves the output by about step * sqrt(f), ~1e-3 (H100: up to 1.30e-3 on the structured
+#: families at D 128, the errors against exact attention equal to 1e-5). Outputs within 2^-8.
 INT8_FP8_KERNEL_REF_MAX = 2.0 ** -8
 #: Split computations: errors within 15% of each other, plus a floor for fp32 rounding of the merge.
 SPLIT_RELATIVE = 0.15
