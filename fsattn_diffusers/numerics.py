@@ -225,10 +225,9 @@ class SM90Int8Numerics(MI355XNumerics):
         on the biased scores (difference 14) for ``parts.rows`` (all rows if None), from ``x`` elsewhere."""
         if parts is None:
             return self._stage_a_scores(x, m)
-        exact = self.recipe.exponential == Exponential.EXACT
-        p = self._sm90.stage_a_biased(parts.s, parts.a, m, self.p_scale_log2, exact, not self.recipe.rollback,
-                                      f16=self._fp8_p)
-        if exact and not self._fp8_p:
+        exact = self.recipe.exponential == Exponential.EXACT  # parts come with BF16 P only (tile_scores)
+        p = self._sm90.stage_a_biased(parts.s, parts.a, m, self.p_scale_log2, exact, not self.recipe.rollback)
+        if exact:
             p = round_to_bf16(p)
         return p if parts.rows is None else torch.where(parts.rows[..., None], p, self._stage_a_scores(x, m))
 

@@ -78,17 +78,18 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    2 ulp). The row sum adds the E4M3 values (difference 5). V is E4M3 with one fp32 scale ``amax / 448`` per
    (batch, head, channel) over the valid keys, multiplied into V8 here; a kernel may apply it to O instead.
 
-14. **The INT8 kernel's Stage-A on biased scores (BF16 P: ``int8-bf16`` and its exact exponential).** The kernel
-   turns the int32 scores into fp32 by adding them to the bits of ``1.5 * 2^23`` (:data:`I2F_MAGIC`, exact for
-   ``|S| < 2^22``) and keeps ``Xb = 1.5 * 2^23 + S``: the bias goes into Stage-A's per-row constant of each key tile, one fp32 rounding, ``C = float32(a 1.5 2^23 + (m - sigma))``
-   (exact exponential; ``a = float32(s_q s_k)``) or ``C = float32(128 a 1.5 2^23 - c)`` (Schraudolph, ``c`` its
-   constant on the 1/128 grid), and Stage-A is one FMA of ``Xb``: ``float32(Xb a - C)``, ``float32(Xb 128 a - C)``.
-   So each (row, key tile) sees ``m`` moved by ``C``'s rounding, below ``ulp(a 1.5 2^23) / 2`` (exact; Schraudolph: below
-   1/256 of a doubling), and the scores enter Stage-A as exact products (no fp32 rounding of ``S a`` first). The
-   gate and the reference read ``float32(max(S) a)`` as in difference 10; rows that add Q smoothing's key term
-   (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased Stage-A. :func:`stage_a_biased`. FP8 P (difference
-   13) keeps the unbiased scores, ``fma(S, a, -(m - sigma))``: there the biased form left the LSE of 1-2.5% of the rows
-   of rollback-heavy inputs up to 0.07 nats from this reference (H100), a cause not found.
+14. **The INT8 kernel's Stage-A on biased scores (BF16 P: ``int8-bf16`` and its exact exponential).** The kernel turns
+   the int32 scores into fp32 by adding them to the bits of ``M = 1.5 * 2^23`` (:data:`I2F_MAGIC`, exact for
+   ``|S| < 2^22``) and keeps ``Xb = M + S``: the bias goes into Stage-A's per-row constant of each key tile, one fp32
+   rounding, ``C = float32(a M + (m - sigma))`` (exact exponential; ``a = float32(s_q s_k)``) or
+   ``C = float32(128 a M - c)`` (Schraudolph, ``c`` its constant on the 1/128 grid), and Stage-A is one FMA of
+   ``Xb``: ``float32(Xb a - C)``, ``float32(Xb 128 a - C)``. So each (row, key tile) sees ``m`` moved by ``C``'s
+   rounding, below ``ulp(a M) / 2`` (exact; Schraudolph: below 1/256 of a doubling), and the scores enter Stage-A as
+   exact products (no fp32 rounding of ``S a`` first). The gate and the reference read ``float32(max(S) a)`` as in
+   difference 10; rows that add Q smoothing's key term (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased
+   Stage-A. :func:`stage_a_biased`. FP8 P (difference 13) keeps the unbiased scores, ``fma(S, a, -(m - sigma))``:
+   there the biased form left the LSE of 1-2.5% of the rows of rollback-heavy inputs up to 0.07 nats from this
+   reference (H100), a cause not found.
 
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
@@ -292,8 +293,8 @@ def _stage_a(x: torch.Tensor, m: torch.Tensor, sigma: int, saturate: bool, f16: 
     return _proxy_values(t, saturate, f16)
 
 
-def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int, exact: bool, saturate: bool,
-                   f16: bool = False) -> torch.Tensor:
+def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int, exact: bool,
+                   saturate: bool) -> torch.Tensor:
     """Difference 14: the INT8 kernel's Stage-A on the biased scores ``Xb = 1.5 2^23 + s``.
 
     Parameters
@@ -301,8 +302,8 @@ def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int
     s : Tensor (..., rows, keys) float32, the exact integer dot products (``|s| < 2^22``).
     a : Tensor (..., rows, keys) float32, ``float32(s_q s_k)`` (doublings per unit of ``s``).
     m : Tensor (..., rows) float32, the reference (on the 1/128 grid).
-    sigma, saturate, f16 : as :func:`_stage_a`; ``exact``: the exponential ``2^y`` (fp32 values of ``P 2^sigma``,
-        unrounded) instead of Schraudolph's proxy.
+    sigma, saturate : as :func:`_stage_a` (BF16 patterns); ``exact``: the exponential ``2^y`` (fp32 values of
+        ``P 2^sigma``, unrounded) instead of Schraudolph's proxy.
 
     The fp32 FMAs are computed in float64, where ``Xb a`` (24 x 24 bits) and the difference with the constant are
     exact, and rounded to float32 once, as the FMA rounds.
@@ -313,10 +314,10 @@ def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int
     if exact:
         const = (a64 * I2F_MAGIC + (m64 - sigma)).float().double()
         return torch.nan_to_num(torch.exp2((xb * a64 - const).float()), nan=0.0)
-    grid, bias = (1024.0, D_BITS_F16) if f16 else (128.0, D_BITS)
-    c = (I2F_MAGIC + bias + grid * sigma) - grid * m64  # the unbiased constant (exact: m is on the grid)
+    grid = 128.0  # the BF16 pattern's steps per doubling
+    c = (I2F_MAGIC + D_BITS + grid * sigma) - grid * m64  # the unbiased constant (exact: m is on the grid)
     const = (grid * a64 * I2F_MAGIC - c).float().double()
-    return _proxy_values(torch.round(xb * (grid * a64) - const - I2F_MAGIC), saturate, f16)
+    return _proxy_values(torch.round(xb * (grid * a64) - const - I2F_MAGIC), saturate, False)
 
 
 def _proxy_values(t: torch.Tensor, saturate: bool, f16: bool) -> torch.Tensor:

@@ -35,12 +35,13 @@ import torch
 KERNEL_ERR_ATOL = 5e-4
 KERNEL_ERR_REL = 0.02
 KERNEL_REF_MAX = 2e-2
-#: The INT8 Q/K kernel against its reference (the Hopper INT8 numerics): its scores are exact integers and Stage-A one FMA
-#: the reference reproduces (on the biased scores, sm90_numerics difference 14), so what is left is the fp32 summation
-#: order of O and l on the tensor cores and, on the rows with Q smoothing's key term, one score in ~2^12 whose fp32
-#: value rounds across a step of Stage-A's 1/128 grid (one BF16 unit of one P). Both move the output far below its
-#: BF16 rounding (2^-8): outputs within 2^-10. In a row dominated by one key that one BF16 unit of P moves l by up to 2^-7: LSE within ln(1 + 2^-7) + 1e-3 nats (H100: outputs within
-#: 1.2e-4, LSE within 3.4e-3 on the structured families, 7.8e-3 on the rollback test's rows).
+#: The INT8 Q/K kernel against its reference (the Hopper INT8 numerics): its scores are exact integers and Stage-A one
+#: FMA the reference reproduces (on the biased scores, sm90_numerics difference 14), so what is left is the fp32
+#: summation order of O and l on the tensor cores and, on the rows with Q smoothing's key term, one score in ~2^12 whose
+#: fp32 value rounds across a step of Stage-A's 1/128 grid (one BF16 unit of one P). Both move the output far below its
+#: BF16 rounding (2^-8): outputs within 2^-10. In a row dominated by one key that one BF16 unit of P moves l by up to
+#: 2^-7: LSE within ln(1 + 2^-7) + 1e-3 nats (H100: outputs within 1.2e-4, LSE within 3.4e-3 on the structured families,
+#: 7.8e-3 on the rollback test's rows).
 INT8_KERNEL_REF_MAX = 2.0 ** -10
 INT8_LSE_MAX = math.log1p(2.0 ** -7) + 1e-3
 #: The INT8 kernel with FP8 P and V (``int8-fp8``) against its reference: the kernel forms ``X - m`` in one FMA of the

@@ -33,9 +33,8 @@ less than half its ulp: difference 14); FP8 P subtracts the bias first (one FADD
 Q smoothing's key term form ``fma(S, a, b_j)`` (difference 12) and run Stage-A on those doublings. BF16 products
 accumulate in fp32 on the tensor cores, so with BF16 P O and ``l`` are chained in the wgmma accumulators across key
 tiles. Keys past ``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels
-off the loop.
-The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe (``int8-bf16``,
-``int8-fp8``).
+off the loop. The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe
+(``int8-bf16``, ``int8-fp8``).
 """
 
 from __future__ import annotations
@@ -232,9 +231,10 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, B
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
               DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, PV_FP8: gl.constexpr,
-              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
-              zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
-              p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
+              BIASED: gl.constexpr, SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc,
+              KS_row, BIAS, qsc, zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP,
+              SKP, CAP, FLOOR, p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr,
+              lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
     rollback, P_j's words. ``MASK``: the visit's tile may hold keys past ``n_keys`` (checked at run time). Returns the
     loop-carried state ``(o, lacc, m, m_high, lo, low_before, c, nfired, pw)``."""
@@ -254,12 +254,12 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         lacc = lv
     t = _key_tile(j, j0, n_tiles, DIAGONAL)
     a = qsc * gl.load(KS_row + t)
-    x = _scores(s, not PV_FP8)
+    x = _scores(s, BIASED)
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
     if HAS_BIAS:  # scores in doublings with Q smoothing's key term
-        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol, not PV_FP8)
-    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, not PV_FP8)  # xmax: the row peaks in doublings
+        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol, BIASED)
+    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, BIASED)  # xmax: the row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
     low_before = low
@@ -279,7 +279,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
         o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
         nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
-        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, not PV_FP8)[1]
+        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, BIASED)[1]
     return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2, PV_FP8)
 
 
@@ -312,6 +312,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
     ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
     lrow: gl.constexpr = gl.SliceLayout(1, l_layout)
     BM: gl.constexpr = WG_ROWS
+    BIASED: gl.constexpr = not PV_FP8  # Stage-A on biased scores with BF16 P only (_scores)
 
     n_tiles = (n_keys + BN - 1) // BN
     qs = q_smem.index(WG)
@@ -337,15 +338,16 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         a = qsc * gl.load(KS_row + j0)
-        x = _mask_tail(_scores(s, not PV_FP8), j0, n_keys, BN, scol)
+        x = _mask_tail(_scores(s, BIASED), j0, n_keys, BN, scol)
         if HAS_BIAS:
-            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol, not PV_FP8)
-        m = gl.ceil(_row_peaks(x, a, HAS_BIAS, not PV_FP8) * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
+            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol, BIASED)
+        # the frozen reference (Algorithm 1)
+        m = gl.ceil(_row_peaks(x, a, HAS_BIAS, BIASED) * 128.0) * (1.0 / 128.0) + M_OFFSET
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, not PV_FP8)[1], p_layout, BM, BN, EXP2,
+        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, BIASED)[1], p_layout, BM, BN, EXP2,
                       PV_FP8)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
@@ -356,14 +358,14 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, PV_FP8,
-                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, zero_o,
-                zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol,
-                orow, lrow)
+                BIASED, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+                p_layout, scol, orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS,
-                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
-                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+                PV_FP8, BIASED, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc,
+                zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
                 p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
         ov, lv = _issue_pv(_words_to_p(pw, p_layout, BM, BN, PV_FP8), ones, v_smem.index(last), o, lacc, zero_o,
