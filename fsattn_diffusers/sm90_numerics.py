@@ -89,7 +89,8 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    difference 10; rows that add Q smoothing's key term (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased
    Stage-A. :func:`stage_a_biased`. FP8 P (difference 13) keeps the unbiased scores, ``fma(S, a, -(m - sigma))``:
    there the biased form left the LSE of 1-2.5% of the rows of rollback-heavy inputs up to 0.07 nats from this
-   reference (H100), a cause not found.
+   reference (H100): written as ``x a - C``, Stage-A's product ``Xb a`` is rounded first where the compiler shares it
+   (docs/design.md, "The INT8 tiers' speed").
 
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so
@@ -126,9 +127,9 @@ D_BITS = 16249
 #: 1024 * (15 - 7/128): the same bias on FP16's 1/1024 grid (difference 7).
 D_BITS_F16 = 15304
 #: Largest finite FP16 pattern (saturation of the FP16 proxy when no gate bounds P).
+F16_MAX_BITS = 0x7BFF
 #: 1.5 * 2^23: Stage-A's clamp constant, and the INT8 kernel's bias of the int32 scores (difference 14).
 I2F_MAGIC = 12582912.0
-F16_MAX_BITS = 0x7BFF
 #: Rowmax-H15 (difference 8): the clamp of ``n`` (2^-126, a normal fp32 weight).
 H15_MIN_N = -252
 

@@ -51,7 +51,7 @@ from .gluon_mxfp6_p import D_BITS
 
 # 1.5 * 2^23 as fp32 bits: an int32 s < 2^22 in magnitude added to them gives the fp32 value 1.5 * 2^23 + s.
 I2F_BITS = gl.constexpr(0x4B400000)
-I2F_MAGIC = gl.constexpr(12582912.0)
+I2F_MAGIC = MAGIC  # their fp32 value, the Stage-A clamp constant (common.RNE_MAGIC)
 # Stage-A's grid: 2^7 steps per doubling (BF16's mantissa).
 GRID = gl.constexpr(128.0)
 # Stage-A's exponentials (the EXP2 constexpr; kernels.sm90.ops_int8.EXP2_MODE maps Recipe.exponential onto them).
