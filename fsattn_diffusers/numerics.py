@@ -211,11 +211,13 @@ class SM90Int8Numerics(MI355XNumerics):
         return self.tile_scores(q, k)[0]
 
     def tile_scores(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, Optional[ScoreParts]]:
-        """:meth:`scores` and, with BF16 P, its parts ``S``, ``float32(s_q s_k)``: the kernel's Stage-A reads the
-        biased integer scores there (difference 14); with FP8 P it reads the scores (None)."""
+        """:meth:`scores` and its parts ``S``, ``float32(s_q s_k)``: the kernel's Stage-A reads the biased integer
+        scores there (difference 14). FP8 P under Schraudolph (difference 13's FP16 proxy, no kernel) reads the
+        scores (None)."""
         s = torch.matmul(q[..., :-1], k[..., :-1].transpose(1, 2))
         a = q[..., -1:] * k[..., -1][:, None, :]
-        return s * a, None if self._fp8_p else ScoreParts(s, a)
+        biased = not self._fp8_p or self.recipe.exponential == Exponential.EXACT
+        return s * a, ScoreParts(s, a) if biased else None
 
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
@@ -225,9 +227,9 @@ class SM90Int8Numerics(MI355XNumerics):
         on the biased scores (difference 14) for ``parts.rows`` (all rows if None), from ``x`` elsewhere."""
         if parts is None:
             return self._stage_a_scores(x, m)
-        exact = self.recipe.exponential == Exponential.EXACT  # parts come with BF16 P only (tile_scores)
+        exact = self.recipe.exponential == Exponential.EXACT  # FP8 P: with the exact exponential only (tile_scores)
         p = self._sm90.stage_a_biased(parts.s, parts.a, m, self.p_scale_log2, exact, not self.recipe.rollback)
-        if exact:
+        if exact and not self._fp8_p:
             p = round_to_bf16(p)
         return p if parts.rows is None else torch.where(parts.rows[..., None], p, self._stage_a_scores(x, m))
 

@@ -78,19 +78,19 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    2 ulp). The row sum adds the E4M3 values (difference 5). V is E4M3 with one fp32 scale ``amax / 448`` per
    (batch, head, channel) over the valid keys, multiplied into V8 here; a kernel may apply it to O instead.
 
-14. **The INT8 kernel's Stage-A on biased scores (BF16 P: ``int8-bf16`` and its exact exponential).** The kernel turns
-   the int32 scores into fp32 by adding them to the bits of ``M = 1.5 * 2^23`` (:data:`I2F_MAGIC`, exact for
-   ``|S| < 2^22``) and keeps ``Xb = M + S``: the bias goes into Stage-A's per-row constant of each key tile, one fp32
-   rounding, ``C = float32(a M + (m - sigma))`` (exact exponential; ``a = float32(s_q s_k)``) or
+14. **The INT8 kernel's Stage-A on biased scores (``int8-bf16``, its exact exponential, ``int8-fp8``).** The
+   kernel turns the int32 scores into fp32 by adding them to the bits of ``M = 1.5 * 2^23`` (:data:`I2F_MAGIC`, exact
+   for ``|S| < 2^22``) and keeps ``Xb = M + S``: the bias goes into Stage-A's per-row constant of each key tile, one
+   fp32 rounding, ``C = float32(a M + (m - sigma))`` (exact exponential; ``a = float32(s_q s_k)``) or
    ``C = float32(128 a M - c)`` (Schraudolph, ``c`` its constant on the 1/128 grid), and Stage-A is one FMA of
    ``Xb``: ``float32(Xb a - C)``, ``float32(Xb 128 a - C)``. So each (row, key tile) sees ``m`` moved by ``C``'s
    rounding, below ``ulp(a M) / 2`` (exact; Schraudolph: below 1/256 of a doubling), and the scores enter Stage-A as
    exact products (no fp32 rounding of ``S a`` first). The gate and the reference read ``float32(max(S) a)`` as in
    difference 10; rows that add Q smoothing's key term (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased
-   Stage-A. :func:`stage_a_biased`. FP8 P (difference 13) keeps the unbiased scores, ``fma(S, a, -(m - sigma))``:
-   there the biased form left the LSE of 1-2.5% of the rows of rollback-heavy inputs up to 0.07 nats from this
-   reference (H100): written as ``x a - C``, Stage-A's product ``Xb a`` is rounded first where the compiler shares it
-   (docs/design.md, "The INT8 tiers' speed").
+   Stage-A. :func:`stage_a_biased`; with FP8 P (difference 13, exact exponential) its fp32 values of ``P 2^sigma``
+   before the E4M3 cast. The kernel writes Stage-A as one explicit FMA in every copy: as ``x * a - C`` the compiler
+   rounded ``Xb a`` first where two copies share it (the rollback re-run), a rounding at ``ulp(a M)``, which with E4M3
+   P moves a row's dominant weight across a rounding boundary (LSE up to ln(9/8) nats).
 
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so

@@ -1,7 +1,9 @@
-"""The INT8 kernel's Stage-A on biased scores with BF16 P (sm90_numerics difference 14): ``Xb = 1.5 2^23 + S`` and one
-FMA per element against a per-row constant of the key tile, checked bit for bit against exact rational arithmetic
-rounded to fp32 once per FMA; the rows that add Q smoothing's key term, and FP8 P, keep the scores' Stage-A."""
+"""The INT8 kernel's Stage-A on biased scores (sm90_numerics difference 14): ``Xb = 1.5 2^23 + S`` and one FMA per
+element against a per-row constant of the key tile, checked bit for bit against exact rational arithmetic rounded to
+fp32 once per FMA; the rows that add Q smoothing's key term, and FP8 P under Schraudolph (no kernel), keep the scores'
+Stage-A."""
 
+import math
 from fractions import Fraction
 
 import numpy as np
@@ -72,7 +74,7 @@ def test_schraudolph_pattern_is_one_fma_of_the_biased_score_against_the_rounded_
     assert torch.equal(got, want) and len(set(bits)) > CASES // 2
 
 
-@pytest.mark.parametrize("name", ["int8-bf16", "int8-bf16+exponential=exact"])
+@pytest.mark.parametrize("name", ["int8-bf16", "int8-bf16+exponential=exact", "int8-fp8"])
 def test_the_constants_rounding_moves_p_by_less_than_its_bound_and_the_error_not(name):
     """Against Stage-A from ``float32(S a)``: Schraudolph's patterns within one unit (the constant rounds to an
     integer), the exact power within ``2^(ulp(k) / 2 + ulp(y))``; errors against exact attention alike."""
@@ -88,8 +90,11 @@ def test_the_constants_rounding_moves_p_by_less_than_its_bound_and_the_error_not
         units = ((biased.view(torch.int32) >> 16) - (plain.view(torch.int32) >> 16)).abs()
         print(f"{name}: patterns apart by up to {int(units.max())}, in {float((units > 0).float().mean()):.3f}")
         assert int(units.max()) <= 1
-    else:  # one BF16 ulp
+    elif recipe.p_format == "bf16":  # one BF16 ulp
         bound = 1 + 2.0 ** -7
+    else:  # FP8 P, fp32 values before the E4M3 cast: 2^(ulp(k) / 2 + ulp(y)), k ~ a 1.5 2^23, y < 2^3
+        ulp_k = 2.0 ** (math.floor(math.log2(float(parts.a.max()) * I2F_MAGIC)) - 23)
+        bound = 2.0 ** (ulp_k / 2 + 2.0 ** -20)
         ratio = (biased.double() / plain.double())[plain > 2 ** -100]
         print(f"{name}: P ratio {float(ratio.min()):.8f} .. {float(ratio.max()):.8f}, bound {bound:.8f}")
         assert float(ratio.max()) <= bound and float(ratio.min()) >= 1 / bound
@@ -105,12 +110,16 @@ def test_the_constants_rounding_moves_p_by_less_than_its_bound_and_the_error_not
     assert abs(err - err_plain) <= INT8_BIASED_ERR_MOVE_MAX * err_plain
 
 
-def test_fp8_p_reads_the_scores():
-    num = numerics_for(kernel_recipe("int8-fp8"))
+@pytest.mark.parametrize("name,biased", [("int8-fp8", True), ("int8-fp8+exponential=schraudolph", False)])
+def test_fp8_p_reads_the_biased_scores_with_the_kernels_exponential(name, biased):
+    """``int8-fp8`` (the kernel's exact exponential) reads the parts; FP8 P under Schraudolph, a reference-only
+    recipe, the scores."""
+    num = numerics_for(kernel_recipe(name))
     q, k, v = FAMILIES["gaussian"](1, 1, 128, 64, torch.bfloat16, "cpu", 0)
     qo, ko, *_ = num.operands(q, k, v, 0.125, None)
     x, parts = num.tile_scores(qo.reshape(1, 128, 65), ko.reshape(1, 128, 65))
-    assert parts is None and torch.equal(x, num.scores(qo.reshape(1, 128, 65), ko.reshape(1, 128, 65)))
+    print(f"{name}: parts {'given' if parts is not None else 'None'}")
+    assert (parts is not None) == biased and torch.equal(x, num.scores(qo.reshape(1, 128, 65), ko.reshape(1, 128, 65)))
 
 
 def test_slices_with_the_key_term_keep_the_scores_stage_a(monkeypatch):

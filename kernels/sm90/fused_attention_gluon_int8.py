@@ -7,19 +7,20 @@ asynchronous, the softmax of key tile j beside the PV GEMM of tile j-1, one mbar
 vote, the rare rollback); its helpers are imported from there. What differs, per key tile j:
 
     issue S_j = Q8 K8_j^T (s8 x s8 -> s32); issue l += P16_{j-1} @ ones; issue O += P16_{j-1} V16_{j-1}   (async)
-    wait for S_j and l; scores as fp32 (one integer add; BF16 P: biased, Xb = 1.5 2^23 + S_j), a_j = QS_row * KS_j
+    wait for S_j and l; scores as fp32, biased (one integer add: Xb = 1.5 2^23 + S_j), a_j = QS_row * KS_j
     gate on rowmax(S_j) a_j (per row), Stage-A (``EXP2``, below) gives ``P = 2^(S_j a_j - m)``
     wait for the PV GEMM; rare rollback; P16_j = two BF16 values per register, carried to iteration j+1
 
-``PV_FP8`` (sm90_numerics difference 13): Stage-A is ``ex2.approx.f32(fma(S_j, a_j, -(m - SIGMA)))``, i.e. ``P 2^SIGMA``
-with ``SIGMA = 4`` under the gate's cap of 4 doublings, two ``cvt.rn.satfinite.e4m3x2.f32`` per word of four E4M3
-bytes (key columns in the FP8 A-fragment order, V8T stored to match); each tile's ``P8 @ ones`` and ``P8 V8`` go into
-zero accumulators and are added to ``l`` and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32:
-chained across key tiles it loses the small later products). V8 carries one scale per channel (``VS``), applied to
-O's columns after ``1 / l``.
+``PV_FP8`` (sm90_numerics differences 13, 14): Stage-A is ``ex2.approx.f32(fma(Xb, a_j, -k))`` with
+``k = fma(a_j, 1.5 2^23, m - SIGMA)`` (:func:`_fma_rows`), i.e. ``P 2^SIGMA`` with ``SIGMA = 4`` under the gate's cap
+of 4 doublings, two ``cvt.rn.satfinite.e4m3x2.f32`` per word of four E4M3 bytes (key columns in the FP8 A-fragment
+order, V8T stored to match); each tile's ``P8 @ ones`` and ``P8 V8`` go into zero accumulators and are added to ``l``
+and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32: chained across key tiles it loses the small
+later products). V8 carries one scale per channel (``VS``), applied to O's columns after ``1 / l``.
 
 Stage-A with BF16 P (``EXP2``; sm90_numerics differences 10, 11, 14), one FMA per element on the biased scores, the
-bias taken off by the tile's row constant ``k`` (one FMA per row and tile, one rounding):
+bias taken off by the tile's row constant ``k`` (one FMA per row and tile, one rounding; written as explicit FMAs,
+:func:`_fma_rows`, so that no copy rounds the product ``Xb a`` first):
 
 - ``EXP2_SCHRAUDOLPH``: ``z = max(fma(Xb, 128 a_j, -k), MAGIC)`` with ``k = fma(128 a_j, 1.5 2^23, -c)``, whose low
   16 bits are the BF16 proxy pattern (grid 1/128 of a doubling, Schraudolph's bias ``D_BITS`` in ``c``); one PRMT packs
@@ -29,12 +30,11 @@ bias taken off by the tile's row constant ``k`` (one FMA per row and tile, one r
 
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22); added to the bits of ``1.5 * 2^23`` they are exact fp32
 values ``Xb``, and Stage-A's FMA takes the exact product ``Xb a`` (``k``'s rounding moves ``m`` per row and tile by
-less than half its ulp: difference 14); FP8 P subtracts the bias first (one FADD per score) and takes ``S``. Slices with
-Q smoothing's key term form ``fma(S, a, b_j)`` (difference 12) and run Stage-A on those doublings. BF16 products
-accumulate in fp32 on the tensor cores, so with BF16 P O and ``l`` are chained in the wgmma accumulators across key
-tiles. Keys past ``kv_lens`` (K8 rows zero) are masked in the last key tile only, which the natural key order peels
-off the loop. The reference is :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe
-(``int8-bf16``, ``int8-fp8``).
+less than half its ulp: difference 14). Slices with Q smoothing's key term form ``fma(S, a, b_j)`` (difference 12) and
+run Stage-A on those doublings. BF16 products accumulate in fp32 on the tensor cores, so with BF16 P O and ``l`` are
+chained in the wgmma accumulators across key tiles. Keys past ``kv_lens`` (K8 rows zero) are masked in the last key
+tile only, which the natural key order peels off the loop. The reference is
+:func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe (``int8-bf16``, ``int8-fp8``).
 """
 
 from __future__ import annotations
@@ -60,14 +60,10 @@ EXP2_HW = gl.constexpr(1)
 
 
 @gluon.jit
-def _scores(s, BIASED: gl.constexpr):
-    """The int32 scores as fp32 values (exact for |s| < 2^22): ``1.5 * 2^23 + s`` by one integer add on the bits
-    (``BIASED``: the bias stays, Stage-A's per-row constant takes it off, sm90_numerics difference 14), else ``s``
-    (and one subtraction)."""
-    xb = (s + I2F_BITS).to(gl.float32, bitcast=True)
-    if not BIASED:
-        xb = xb - I2F_MAGIC
-    return xb
+def _scores(s):
+    """The int32 scores as the biased fp32 values ``Xb = 1.5 * 2^23 + s`` (exact for |s| < 2^22), one integer add on
+    the bits; Stage-A's per-row constant takes the bias off (sm90_numerics difference 14)."""
+    return (s + I2F_BITS).to(gl.float32, bitcast=True)
 
 
 @gluon.jit
@@ -90,66 +86,65 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr, BIASED: gl.constexpr):
+def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr):
     """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of key tile
     ``t`` (one rounding; masked keys stay -inf). The ``BN`` terms are loaded one per thread of the warpgroup and moved
     to the scores' columns through shared memory: loaded in the scores' column layout, each thread loaded every
     column it holds, and the loads' addresses, hoisted out of the key loop, spilled (1048 B with FP8 P)."""
     one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
     b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=one))
-    if BIASED:
-        x = x - I2F_MAGIC
-    return x * a[:, None] + gl.convert_layout(b, scol)[None, :]
+    return (x - I2F_MAGIC) * a[:, None] + gl.convert_layout(b, scol)[None, :]
 
 
 @gluon.jit
-def _row_peaks(x, a, SCALED: gl.constexpr, BIASED: gl.constexpr):
+def _row_peaks(x, a, SCALED: gl.constexpr):
     """The tile's row peaks in doublings: ``max(x)`` where ``x`` already is in doublings (``SCALED``: with the key
-    term), else the integer scores' maximum (``BIASED``: unbiased, exactly) times ``a`` (per row)."""
+    term), else the integer scores' maximum (unbiased, exactly) times ``a`` (per row)."""
     if SCALED:
         return gl.max(x, axis=1)
-    elif BIASED:
-        return (gl.max(x, axis=1) - I2F_MAGIC) * a
     else:
-        return gl.max(x, axis=1) * a
+        return (gl.max(x, axis=1) - I2F_MAGIC) * a
 
 
 @gluon.jit
-def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr,
-                      BIASED: gl.constexpr):
+def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr):
     """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in doublings
-    (with the key term), so ``a`` is not applied; ``BIASED``: :func:`_scores`."""
-    xmax = _row_peaks(x, a, SCALED, BIASED)
+    (with the key term), so ``a`` is not applied, else ``x`` is :func:`_scores`."""
+    xmax = _row_peaks(x, a, SCALED)
     if SCALED:
         if EXP2 == EXP2_HW:
             p = gl.exp2(x - (m - SIGMA)[:, None])
         else:
             p = gl.maximum(x * GRID + c[:, None], MAGIC)
     else:
-        p = _stage_a(x, a, c, m, EXP2, SIGMA, BIASED)
+        p = _stage_a(x, a, c, m, EXP2, SIGMA)
     return xmax, p
 
 
 @gluon.jit
-def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr, BIASED: gl.constexpr):
+def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr):
     """Stage-A on the scores ``x`` (:func:`_scores`) of one key tile with the row factors ``a`` and constants ``c`` /
     references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``, ``P 2^SIGMA``)
-    are P (module docstring). One FMA per element; ``BIASED``: the bias goes into the tile's row constant ``k`` (one
+    are P (module docstring). One FMA per element; the bias of the scores goes into the tile's row constant ``k`` (one
     FMA per row, one rounding; sm90_numerics difference 14)."""
     if EXP2 == EXP2_HW:
-        if BIASED:
-            k = gl.fma(a, I2F_MAGIC, m - SIGMA)
-        else:
-            k = m - SIGMA
-        p = gl.exp2(x * a[:, None] - k[:, None])
+        k = gl.fma(a, I2F_MAGIC, m - SIGMA)
+        p = gl.exp2(_fma_rows(x, a, -k))
     else:
         ag = a * GRID
-        if BIASED:
-            k = gl.fma(ag, I2F_MAGIC, -c)
-        else:
-            k = -c
-        p = gl.maximum(x * ag[:, None] - k[:, None], MAGIC)
+        k = gl.fma(ag, I2F_MAGIC, -c)
+        p = gl.maximum(_fma_rows(x, ag, -k), MAGIC)
     return p
+
+
+@gluon.jit
+def _fma_rows(x, f, g):
+    """``fma(x, f, g)`` with ``f``, ``g`` per row: one rounding in every copy of Stage-A. Written as ``x * f + g``,
+    the compiler shares the product ``x f`` between Stage-A and its rollback re-run and rounds it there first
+    (FMUL + FADD), which with the biased scores is a rounding at ulp(1.5 2^23 f), not ulp(P)'s."""
+    x, fb = gl.broadcast(x, f[:, None])
+    x, gb = gl.broadcast(x, g[:, None])
+    return gl.fma(x, fb, gb)
 
 
 @gluon.jit
@@ -231,7 +226,7 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, B
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
               DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, PV_FP8: gl.constexpr,
-              BIASED: gl.constexpr, SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc,
+              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc,
               KS_row, BIAS, qsc, zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP,
               SKP, CAP, FLOOR, p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr,
               lrow: gl.constexpr):
@@ -254,12 +249,12 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         lacc = lv
     t = _key_tile(j, j0, n_tiles, DIAGONAL)
     a = qsc * gl.load(KS_row + t)
-    x = _scores(s, BIASED)
+    x = _scores(s)
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
     if HAS_BIAS:  # scores in doublings with Q smoothing's key term
-        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol, BIASED)
-    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, BIASED)  # xmax: the row peaks in doublings
+        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol)
+    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)  # xmax: the row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
     low_before = low
@@ -279,7 +274,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
         o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
         nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
-        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, BIASED)[1]
+        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1]
     return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2, PV_FP8)
 
 
@@ -312,7 +307,6 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
     ocol: gl.constexpr = gl.SliceLayout(0, o_layout)
     lrow: gl.constexpr = gl.SliceLayout(1, l_layout)
     BM: gl.constexpr = WG_ROWS
-    BIASED: gl.constexpr = not PV_FP8  # Stage-A on biased scores with BF16 P only (_scores)
 
     n_tiles = (n_keys + BN - 1) // BN
     qs = q_smem.index(WG)
@@ -338,16 +332,16 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         s = warpgroup_mma(qs, k_smem.index(0).permute((1, 0)), zero_s, use_acc=False, is_async=True)
         s = warpgroup_mma_wait(0, deps=(s,))
         a = qsc * gl.load(KS_row + j0)
-        x = _mask_tail(_scores(s, BIASED), j0, n_keys, BN, scol)
+        x = _mask_tail(_scores(s), j0, n_keys, BN, scol)
         if HAS_BIAS:
-            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol, BIASED)
+            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
         # the frozen reference (Algorithm 1)
-        m = gl.ceil(_row_peaks(x, a, HAS_BIAS, BIASED) * 128.0) * (1.0 / 128.0) + M_OFFSET
+        m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, BIASED)[1], p_layout, BM, BN, EXP2,
+        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1], p_layout, BM, BN, EXP2,
                       PV_FP8)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
@@ -358,13 +352,13 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, PV_FP8,
-                BIASED, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
                 zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
                 p_layout, scol, orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS,
-                PV_FP8, BIASED, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc,
+                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc,
                 zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
                 p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
