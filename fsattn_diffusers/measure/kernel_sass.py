@@ -229,6 +229,32 @@ def local_memory_in_loops(sass: str) -> int:
     return sum(body["STL"] + body["LDL"] for _, body, _ in loops(sass))
 
 
+def stage_a_rounded_products(sass: str) -> tuple:
+    """``(n, total)``: of the ``total`` Stage-A results in ``sass`` (MUFU.EX2 inputs and clamps at 1.5 2^23, FMNMX with
+    12582912), the ``n`` formed as an FADD of an FMUL's result, i.e. a product rounded before its addition where the
+    reference models one FMA (sm90_numerics difference 14). Each operand's definition is the nearest earlier write
+    of its register in the listing (straight-line reading: enough for these unrolled tiles)."""
+    ins = [(op, rest) for _, _, op, rest in LINE.findall(sass)]
+    dest = [m.group(1) if (m := re.match(r"\s*(R\d+)\b", rest)) else None for _, rest in ins]
+
+    def sources(i):
+        return re.findall(r"R\d+", ins[i][1].split(",", 1)[1]) if "," in ins[i][1] else []
+
+    def definition(i, reg):
+        return next((j for j in range(i - 1, -1, -1) if dest[j] == reg and not ins[j][0].startswith("ST")), None)
+
+    n = total = 0
+    for i, (op, rest) in enumerate(ins):
+        if not (op.startswith("MUFU.EX2") or (op.startswith("FMNMX") and "12582912" in rest)):
+            continue
+        total += 1
+        j = definition(i, (sources(i) or [None])[0])
+        if j is not None and ins[j][0].startswith("FADD") and any(
+                (k := definition(j, r)) is not None and ins[k][0].startswith("FMUL") for r in sources(j)):
+            n += 1
+    return n, total
+
+
 def ptxas_info(kernel) -> str:
     """ptxas's ``-v`` report (stderr) on a compiled kernel's PTX."""
     return subprocess.run([os.path.join(BIN, "ptxas"), f"-arch={PTXAS_ARCH}", "-v", "-o", os.devnull, "-"],
