@@ -32,6 +32,7 @@ from triton.compiler import ASTSource
 from fsattn_diffusers.backends import registered
 from fsattn_diffusers.measure import KERNEL_BACKEND
 from fsattn_diffusers.recipe import get_recipe
+from fsattn_diffusers.sm90_numerics import I2F_MAGIC
 
 BIN = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
 #: The registered backend whose kernels are compiled here (its kernel package: ``KERNELS.kernel(module)``).
@@ -231,7 +232,7 @@ def local_memory_in_loops(sass: str) -> int:
 
 def stage_a_rounded_products(sass: str) -> tuple:
     """``(n, total)``: of the ``total`` Stage-A results in ``sass`` (MUFU.EX2 inputs and clamps at 1.5 2^23, FMNMX with
-    12582912), the ``n`` formed as an FADD of an FMUL's result, i.e. a product rounded before its addition where the
+    it), the ``n`` formed as an FADD of an FMUL's result, i.e. a product rounded before its addition where the
     reference models one FMA (sm90_numerics difference 14). Each operand's definition is the nearest earlier write
     of its register in the listing (straight-line reading: enough for these unrolled tiles)."""
     ins = [(op, rest) for _, _, op, rest in LINE.findall(sass)]
@@ -243,9 +244,10 @@ def stage_a_rounded_products(sass: str) -> tuple:
     def definition(i, reg):
         return next((j for j in range(i - 1, -1, -1) if dest[j] == reg and not ins[j][0].startswith("ST")), None)
 
+    clamp = str(int(I2F_MAGIC))  # 1.5 2^23 as cuobjdump prints it
     n = total = 0
     for i, (op, rest) in enumerate(ins):
-        if not (op.startswith("MUFU.EX2") or (op.startswith("FMNMX") and "12582912" in rest)):
+        if not (op.startswith("MUFU.EX2") or (op.startswith("FMNMX") and clamp in rest)):
             continue
         total += 1
         j = definition(i, (sources(i) or [None])[0])

@@ -141,7 +141,7 @@ def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr):
 def _fma_rows(x, f, g):
     """``fma(x, f, g)`` with ``f``, ``g`` per row: one rounding in every copy of Stage-A. Written as ``x * f + g``,
     the compiler shares the product ``x f`` between Stage-A and its rollback re-run and rounds it there first
-    (FMUL + FADD), which with the biased scores is a rounding at ulp(1.5 2^23 f), not ulp(P)'s."""
+    (FMUL + FADD), which with the biased scores is a rounding at ulp(1.5 2^23 f), not at the result's ulp."""
     x, fb = gl.broadcast(x, f[:, None])
     x, gb = gl.broadcast(x, g[:, None])
     return gl.fma(x, fb, gb)
@@ -226,10 +226,9 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, B
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
               DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, PV_FP8: gl.constexpr,
-              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc,
-              KS_row, BIAS, qsc, zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP,
-              SKP, CAP, FLOOR, p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr,
-              lrow: gl.constexpr):
+              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+              zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+              p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
     rollback, P_j's words. ``MASK``: the visit's tile may hold keys past ``n_keys`` (checked at run time). Returns the
     loop-carried state ``(o, lacc, m, m_high, lo, low_before, c, nfired, pw)``."""
@@ -335,14 +334,12 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         x = _mask_tail(_scores(s), j0, n_keys, BN, scol)
         if HAS_BIAS:
             x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
-        # the frozen reference (Algorithm 1)
-        m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET
+        m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1], p_layout, BM, BN, EXP2,
-                      PV_FP8)
+        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1], p_layout, BM, BN, EXP2, PV_FP8)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
         n_loop = n_tiles
@@ -352,14 +349,14 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, PV_FP8,
-                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
-                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
-                p_layout, scol, orow, lrow)
+                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, zero_o,
+                zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol,
+                orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS,
-                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc,
-                zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
                 p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
         ov, lv = _issue_pv(_words_to_p(pw, p_layout, BM, BN, PV_FP8), ones, v_smem.index(last), o, lacc, zero_o,
