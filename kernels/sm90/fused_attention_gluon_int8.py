@@ -107,7 +107,8 @@ def _row_peaks(x, a, SCALED: gl.constexpr):
 
 
 @gluon.jit
-def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr):
+def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr,
+                      PV_FP8: gl.constexpr):
     """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in doublings
     (with the key term), so ``a`` is not applied, else ``x`` is :func:`_scores`."""
     xmax = _row_peaks(x, a, SCALED)
@@ -117,23 +118,28 @@ def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGM
         else:
             p = gl.maximum(x * GRID + c[:, None], MAGIC)
     else:
-        p = _stage_a(x, a, c, m, EXP2, SIGMA)
+        p = _stage_a(x, a, c, m, EXP2, SIGMA, PV_FP8)
     return xmax, p
 
 
 @gluon.jit
-def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr):
+def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr, PV_FP8: gl.constexpr):
     """Stage-A on the scores ``x`` (:func:`_scores`) of one key tile with the row factors ``a`` and constants ``c`` /
     references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``, ``P 2^SIGMA``)
     are P (module docstring). One FMA per element; the bias of the scores goes into the tile's row constant ``k`` (one
-    FMA per row, one rounding; sm90_numerics difference 14)."""
+    FMA per row, one rounding; sm90_numerics difference 14). FP8 P: an explicit FMA in every copy
+    (:func:`_fma_rows`); BF16 P: written ``x a - k``, which the rollback re-run may round as ``Xb a`` first (module
+    docstring)."""
     if EXP2 == EXP2_HW:
         k = gl.fma(a, I2F_MAGIC, m - SIGMA)
-        p = gl.exp2(_fma_rows(x, a, -k))
+        if PV_FP8:
+            p = gl.exp2(_fma_rows(x, a, -k))
+        else:
+            p = gl.exp2(x * a[:, None] - k[:, None])
     else:
         ag = a * GRID
         k = gl.fma(ag, I2F_MAGIC, -c)
-        p = gl.maximum(_fma_rows(x, ag, -k), MAGIC)
+        p = gl.maximum(x * ag[:, None] - k[:, None], MAGIC)
     return p
 
 
@@ -253,7 +259,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         x = _mask_tail(x, t, n_keys, BN, scol)
     if HAS_BIAS:  # scores in doublings with Q smoothing's key term
         x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol)
-    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)  # xmax: the row peaks in doublings
+    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)  # xmax: the row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
     low_before = low
@@ -273,7 +279,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
         o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
         nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
-        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1]
+        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)[1]
     return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2, PV_FP8)
 
 
@@ -339,7 +345,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA)[1], p_layout, BM, BN, EXP2, PV_FP8)
+        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)[1], p_layout, BM, BN, EXP2, PV_FP8)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
         n_loop = n_tiles
