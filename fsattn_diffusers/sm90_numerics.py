@@ -88,9 +88,11 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    exact products (no fp32 rounding of ``S a`` first). The gate and the reference read ``float32(max(S) a)`` as in
    difference 10; rows that add Q smoothing's key term (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased
    Stage-A. :func:`stage_a_biased`; with FP8 P (difference 13, exact exponential) its fp32 values of ``P 2^sigma``
-   before the E4M3 cast. The kernel writes Stage-A as one explicit FMA in every copy: as ``x * a - C`` the compiler
-   rounded ``Xb a`` first where two copies share it (the rollback re-run), a rounding at ``ulp(a M)``, which with E4M3
-   P moves a row's dominant weight across a rounding boundary (LSE up to ln(9/8) nats).
+   before the E4M3 cast. With FP8 P the kernel writes Stage-A as one explicit FMA in every copy: written
+   ``x * a - C``, the compiler rounds ``Xb a`` first where two copies share it (the rollback re-run), a rounding at
+   ``ulp(a M)``, which with E4M3 P moves a row's dominant weight across a rounding boundary (LSE up to ln(9/8) nats).
+   With BF16 P the kernel keeps ``x * a - C`` (the explicit form runs 10-11% slower): in rolled-back tiles a BF16
+   pattern may lie one step from the reference's where the two roundings differ.
 
 **Accumulation.** O is summed in fp32 across key tiles, as here: the kernels take each tile's ``P8 V8`` into a zero
 accumulator and add it to O in registers (FP8 wgmma keeps ~13 mantissa bits below the largest exponent it adds, so

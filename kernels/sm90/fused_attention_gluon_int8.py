@@ -19,8 +19,12 @@ and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32: chaine
 later products). V8 carries one scale per channel (``VS``), applied to O's columns after ``1 / l``.
 
 Stage-A with BF16 P (``EXP2``; sm90_numerics differences 10, 11, 14), one FMA per element on the biased scores, the
-bias taken off by the tile's row constant ``k`` (one FMA per row and tile, one rounding; written as explicit FMAs,
-:func:`_fma_rows`, so that no copy rounds the product ``Xb a`` first):
+bias taken off by the tile's row constant ``k`` (one FMA per row and tile, one rounding). It is written ``x a - k``:
+the compiler forms the steady tiles' Stage-A as one FFMA each but shares the product ``Xb a`` with the rollback
+re-run and rounds it first there (FMUL + FADD; 256 of the 640 clamps of the plain build), a BF16 pattern one step off
+where the two roundings differ. Written as explicit FMAs (:func:`_fma_rows`, as with FP8 P, whose E4M3 rounding of a
+row's dominant weight is sensitive to it) the same instructions ran 10-11% slower with outputs bit for bit the same
+(docs/design.md, "The INT8 tiers' speed"):
 
 - ``EXP2_SCHRAUDOLPH``: ``z = max(fma(Xb, 128 a_j, -k), MAGIC)`` with ``k = fma(128 a_j, 1.5 2^23, -c)``, whose low
   16 bits are the BF16 proxy pattern (grid 1/128 of a doubling, Schraudolph's bias ``D_BITS`` in ``c``); one PRMT packs
