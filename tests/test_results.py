@@ -108,12 +108,25 @@ def test_the_pick_line_names_a_recipe_for_both_only_when_it_meets_sageattention_
         return {"sageattention": {"rel_err": 0.04}, "mxfp8": {"speedup_vs_sage": fast_x, "rel_err": fast_err},
                 "int8-bf16": {"speedup_vs_sage": acc_x, "rel_err": acc_err}}
 
-    none = " ".join(_pick_line({(1,): shape(1.1, 0.05, 0.95, 0.02), (2,): shape(1.2, 0.05, 1.01, 0.02)}))
-    some = " ".join(_pick_line({(1,): shape(1.1, 0.05, 1.02, 0.02), (2,): shape(1.2, 0.05, 1.01, 0.02)}))
-    print(none, some, sep="\n")
-    assert "for speed **mxfp8**" in none and "for quality **int8-bf16**" in none
-    assert "for both (at least SageAttention 2's speed at no more than its error, every shape) none" in none
-    assert "every shape) **int8-bf16** (1.010x-1.020x SageAttention 2, error 2.00%)" in some
+    slow = {(1,): shape(1.1, 0.05, 0.95, 0.02), (2,): shape(1.2, 0.05, 1.01, 0.02)}
+    fast = {(1,): shape(1.1, 0.05, 1.02, 0.02), (2,): shape(1.2, 0.05, 1.01, 0.02)}
+    fast_less_accurate = {(1,): shape(1.1, 0.05, 1.02, 0.041), (2,): shape(1.2, 0.05, 1.01, 0.02)}
+    within = {"gaussian": 1.03, "geomean": 0.94, "worst": 1.15}
+    outside = {"gaussian": 1.12, "geomean": 0.94, "worst": 1.15}  # gaussian above its 1.10x
+    lines = {name: " ".join(_pick_line(by_shape, structured)) for name, by_shape, structured in (
+        ("none", slow, None), ("some", fast, None), ("bench error above", fast_less_accurate, None),
+        ("structured within", fast_less_accurate, {"int8-bf16": within}),
+        ("structured outside", fast, {"int8-bf16": outside}))}
+    for name, line in lines.items():
+        print(name, line, sep=": ")
+    assert "for speed **mxfp8**" in lines["none"] and "for quality **int8-bf16**" in lines["none"]
+    picked = "**int8-bf16** (1.010x-1.020x SageAttention 2, error 2.00"
+    for name in ("none", "bench error above", "structured outside"):
+        assert lines[name].endswith("none of these recipes: SageAttention 2 itself (the `sage` policy)."), name
+    assert lines["some"].endswith(picked + "%).")
+    assert lines["structured within"].endswith("**int8-bf16** (1.010x-1.020x SageAttention 2, error 2.00-4.10%; "
+                                               "structured inputs 0.940x its error in the geometric mean, 1.03x on "
+                                               "gaussian).")
 
 
 def test_commit_outside_git_comes_from_the_environment(monkeypatch):
