@@ -33,8 +33,7 @@ from ..smoothing import subtract_mean, token_mean
 from ..testing import exact_attention, relative_error
 from . import kernel_recipe
 from .provenance import finish, module_command
-from .results_tables import AT_SAGE_ACCURACY
-from .sage2_check import geomean
+from .results_tables import at_sage_accuracy, sage_ratio_summary
 from .sage2_model import sage2_hopper_attention
 from .structured_inputs import FAMILIES
 from .structured_suite import DTYPES
@@ -157,13 +156,12 @@ def bars(cells: List[Dict], specs: List[str], against: str = SAGE) -> Dict:
         if spec == against:
             continue
         ratios = [(c["err"][spec] / c["err"][against], c) for c in cells]
-        gauss = [r for r, c in ratios if c["family"] == "gaussian"]
-        worst_r, worst_c = max(ratios, key=lambda rc: rc[0])
-        out[spec] = {"gaussian_max": max(gauss) if gauss else None, "geomean": geomean([r for r, _ in ratios]),
-                     "worst": worst_r, "worst_cell": f"{worst_c['family']} {worst_c['dtype']} D={worst_c['head_dim']}",
-                     "pass": bool(gauss) and max(gauss) <= AT_SAGE_ACCURACY["gaussian"]
-                     and geomean([r for r, _ in ratios]) <= AT_SAGE_ACCURACY["geomean"]
-                     and worst_r <= AT_SAGE_ACCURACY["worst"]}
+        summary = sage_ratio_summary([(r, c["family"]) for r, c in ratios])
+        worst_c = max(ratios, key=lambda rc: rc[0])[1]
+        out[spec] = {"gaussian_max": summary["gaussian"] if math.isfinite(summary["gaussian"]) else None,
+                     "geomean": summary["geomean"], "worst": summary["worst"],
+                     "worst_cell": f"{worst_c['family']} {worst_c['dtype']} D={worst_c['head_dim']}",
+                     "pass": at_sage_accuracy(summary)}
     return out
 
 

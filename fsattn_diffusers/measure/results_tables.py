@@ -14,7 +14,7 @@ import math
 import os
 import re
 import sys
-from typing import Callable, Dict, List, Optional, Sequence
+from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
 #: The repository root (this file is fsattn_diffusers/measure/results_tables.py in a checkout).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
@@ -103,13 +103,23 @@ def speed(root: str = ROOT) -> List[str]:
 AT_SAGE_ACCURACY = {"gaussian": 1.10, "geomean": 1.0, "worst": 1.3}
 
 
-def sage_error_ratios(cases: List[Dict], rec: str) -> Dict[str, float]:
-    """``{"gaussian", "geomean", "worst"}``: the largest gaussian ratio, the geometric mean and the largest ratio of
-    ``rec``'s error over SageAttention 2's (the ``sage`` column) in a structured-suite result's cells."""
-    ratios = [(c["columns"][rec]["err"] / c["columns"]["sage"]["err"], c["family"]) for c in cases]
+def sage_ratio_summary(ratios: Sequence[Tuple[float, str]]) -> Dict[str, float]:
+    """``{"gaussian", "geomean", "worst"}`` of per-cell ``(error ratio over SageAttention 2's, family)`` pairs: the
+    largest gaussian ratio (inf without a gaussian cell), the geometric mean and the largest ratio."""
     return {"gaussian": max((r for r, fam in ratios if fam == "gaussian"), default=math.inf),
             "geomean": math.exp(sum(math.log(r) for r, _ in ratios) / len(ratios)),
             "worst": max(r for r, _ in ratios)}
+
+
+def at_sage_accuracy(summary: Dict[str, float]) -> bool:
+    """Whether a :func:`sage_ratio_summary` is within :data:`AT_SAGE_ACCURACY`."""
+    return all(summary[k] <= bar for k, bar in AT_SAGE_ACCURACY.items())
+
+
+def sage_error_ratios(cases: List[Dict], rec: str) -> Dict[str, float]:
+    """:func:`sage_ratio_summary` of ``rec``'s error over SageAttention 2's (the ``sage`` column) in a structured-suite
+    result's cells."""
+    return sage_ratio_summary([(c["columns"][rec]["err"] / c["columns"]["sage"]["err"], c["family"]) for c in cases])
 
 
 def _pick_line(by_shape: Dict[tuple, Dict[str, Dict]], structured: Optional[Dict[str, Dict[str, float]]] = None
@@ -126,7 +136,7 @@ def _pick_line(by_shape: Dict[tuple, Dict[str, Dict]], structured: Optional[Dict
         if not rows or any(sage is None or r.get("speedup_vs_sage") is None for r, sage in rows):
             continue
         if rec in structured:
-            accurate = all(structured[rec][k] <= bar for k, bar in AT_SAGE_ACCURACY.items())
+            accurate = at_sage_accuracy(structured[rec])
         else:
             accurate = all(r["rel_err"] <= sage["rel_err"] for r, sage in rows)
         stats[rec] = ([r["speedup_vs_sage"] for r, _ in rows], [r["rel_err"] * 100 for r, _ in rows], accurate)
@@ -214,7 +224,7 @@ def accurate_tier(root: str = ROOT) -> List[str]:
                 above.append(f"{c['family']} {c['dtype'].replace('float', 'f')} D{c['head_dim']}")
         gauss, gauss_sage = ([c["columns"][col]["err"] * 100 for c in cases if c["family"] == "gaussian"]
                              for col in (rec, "sage"))
-        geo = sage_error_ratios(cases, rec)["geomean"]
+        geo = sage_ratio_summary([(r, c["family"]) for r, c in zip(ratios, cases)])["geomean"]
         named = f": {', '.join(above)}" if above and len(above) <= TIER_CELLS_NAMED else ""
         rows.append([f"**{rec}**", f"{geo:.3f}x", f"{min(ratios):.2f}x - {max(ratios):.2f}x",
                      f"{min(gauss):.2f} - {max(gauss):.2f} (SageAttention 2: {min(gauss_sage):.2f} - "
