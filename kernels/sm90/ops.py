@@ -271,7 +271,7 @@ def _popcount(words: torch.Tensor) -> torch.Tensor:
 
 
 # Registers per thread of the gluon_pingpong kernel's worker partition (the default one takes 256: 63488 of 65536).
-PP_WORKER_REGS = 240
+PP_WORKER_REGS = 256
 
 
 def _out_like(q: torch.Tensor, out_bshd: bool) -> torch.Tensor:
