@@ -26,7 +26,7 @@ EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # faster than with 3 at the paper and Wan2.2 shapes, H100, outputs bit for bit the same) and registers of the worker
 # partition.
 INT8_STAGES = 4
-INT8_WORKER_REGS = 256
+INT8_WORKER_REGS = 240
 #: The V formats of the INT8 kernel (plan.INT8_KERNEL_PV_FORMATS): BF16 V (with BF16 P), E4M3 V with one scale per
 #: channel (FP8 P).
 INT8_V_FORMATS = tuple(dict.fromkeys(VFormat(v) for _, v in INT8_KERNEL_PV_FORMATS))
