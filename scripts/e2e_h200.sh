@@ -14,8 +14,9 @@
 #   hunyuan       HunyuanVideo, 64 of 256 text tokens valid (varlen): bf16,fa3,mxfp8, ~5 min
 #   wan-hybrid    not in `all`: Wan2.2, one real 20-step hybrid run (mxfp6 on the first and last 3 steps, mxfp4
 #                 between) against one bf16 step, ~9.5 min (SCHEDULE_STEPS=10 halves it)
-#   wan-hopper    not in `all`: Wan2.2, BF16 GEMMs, eager: bf16,fa3,sage,mxfp8,int8-bf16 (sage needs .sage/ carried:
-#                 scripts/device_env.sh builds it) -> e2e_wan-hopper_h200.{json,md,txt}; HOPPER_SCHEDULE=1 adds one
+#   wan-hopper    not in `all`: Wan2.2, BF16 GEMMs, eager: bf16,fa3,fa3-fp8,sage,mxfp8,int8-fp8,int8-bf16, ~6.5 min
+#                 with the SageAttention 2 build (sage needs .sage/ carried: scripts/device_env.sh builds it)
+#                 -> e2e_wan-hopper_h200.{json,md,txt} (README: e2e_wan22_hopper_<device>); HOPPER_SCHEDULE=1 adds one
 #                 real SCHEDULE_STEPS-step run of hybrid-int8-mxfp8 (use SCHEDULE_STEPS=10 to stay in one call)
 #   profile       not in `all`: torch.profiler of one Wan2.2 forward under POLICY (default mxfp8): top 30 CUDA kernels
 #                 -> e2e_profile_h200.txt, ~2 min
@@ -152,8 +153,8 @@ for part in "${PARTS[@]}"; do
     wan-policies) run_logged e2e_${part}_h200.txt timeout "${LIMIT:-570}" "${WAN[@]}" "${files[@]}" "${EXTRA[@]}" ;;
     wan-hybrid)   run_logged e2e_${part}_h200.txt timeout "${LIMIT:-590}" fsattn e2e --model wan22 --steps 1 --warmup 1 \
                     --policies bf16,hybrid --schedule-steps "${SCHEDULE_STEPS:-20}" "${files[@]}" "${EXTRA[@]}" ;;
-    wan-hopper)   hopper=(--policies bf16,fa3,sage,mxfp8,int8-bf16)
-                  [[ ${HOPPER_SCHEDULE:-0} == 1 ]] && hopper=(--policies bf16,fa3,sage,mxfp8,int8-bf16,hybrid-int8-mxfp8
+    wan-hopper)   hopper=(--policies bf16,fa3,fa3-fp8,sage,mxfp8,int8-fp8,int8-bf16)
+                  [[ ${HOPPER_SCHEDULE:-0} == 1 ]] && hopper=(--policies bf16,fa3,fa3-fp8,sage,mxfp8,int8-fp8,int8-bf16,hybrid-int8-mxfp8
                                                            --schedule-steps "${SCHEDULE_STEPS:-10}")
                   run_logged e2e_${part}_h200.txt timeout "${LIMIT:-590}" "${WAN[@]}" "${hopper[@]}" --gemms bf16 \
                     "${files[@]}" "${EXTRA[@]}" ;;

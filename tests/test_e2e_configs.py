@@ -20,6 +20,23 @@ def _synthetic(step):
     return {"step_median_s": step, "attention_share": 0.5, "rollback_rate": None}
 
 
+def test_run_meta_names_commit_command_device_and_shape(monkeypatch):
+    import argparse
+
+    from fsattn_diffusers.commands.e2e import run_meta
+    from fsattn_diffusers.measure import provenance
+
+    monkeypatch.setattr(provenance, "commit", lambda: "abc1234")
+    args = argparse.Namespace(width=64, height=64, text_valid=None)
+    spec = e2e.wan22_spec(frames=5, height=64, width=64, scale=dict(num_layers=1))
+    meta = run_meta(args, spec, torch.device("cpu"), {"gemms": "bf16", "compile": False}, None)
+    print({k: v for k, v in meta.items() if k != "spec"})
+    assert meta["commit"] == "abc1234" and meta["device"] == "cpu" and meta["command"].startswith("fsattn")
+    assert meta["date"] and meta["torch"] == torch.__version__ and meta["spec"]["tokens"] == e2e.image_tokens(spec)
+    doc = {"meta": meta, "summary": e2e.summarize({"bf16": _synthetic(2.0)}), "results": {}}
+    assert "commit abc1234." in e2e_report.markdown(doc)
+
+
 def test_table6_from_synthetic_timings(tmp_path):
     steps = {"bf16": 24.0, "fa3": 21.0, "fa3-fp8": 16.8, "mxfp8": 16.0, "mxfp6": 15.0, "mxfp4": 12.0}
     summary = e2e.summarize({p: _synthetic(s) for p, s in steps.items()})

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import json
 import os
-import platform
 import sys
 import time
 
@@ -130,13 +129,7 @@ def run(args) -> int:
           + (f" ({gemm_layers['quantized']} linear layers in FP8)" if gemm_layers else ""), flush=True)
     if args.compile:
         print(f"  compiled {e2e_config.compile_blocks(model)} repeated blocks (fullgraph=True)", flush=True)
-    meta = {"date": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "torch": torch.__version__,
-            "python": platform.python_version(), "argv": sys.argv, "command": " ".join(["fsattn"] + sys.argv[1:]),
-            "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
-            "resolution": f"{args.width}x{args.height}", "config": config, "text_valid": args.text_valid,
-            "gemm_layers": gemm_layers,
-            "spec": {"name": spec.name, "latent": spec.latent, "tokens": e2e.image_tokens(spec),
-                     "calls_per_step": spec.calls_per_step, "config": spec.config}}
+    meta = run_meta(args, spec, device, config, gemm_layers)
     results = {}
     for policy in policies:
         results[policy] = e2e.run_policy(model, inputs, spec, policy, args.steps, args.warmup, args.backend,
@@ -165,6 +158,20 @@ def run(args) -> int:
         if path:
             print(f"wrote {os.path.abspath(path)}")
     return 0
+
+
+def run_meta(args, spec, device, config, gemm_layers) -> dict:
+    """The result file's ``meta``: :func:`fsattn_diffusers.measure.provenance.header` (date, commit, command,
+    versions) with the device that ran, the run's configuration and the model's shape."""
+    from ..measure import e2e, provenance
+
+    meta = provenance.header()
+    meta.update({"argv": sys.argv, "device": torch.cuda.get_device_name(device) if device.type == "cuda" else "cpu",
+                 "resolution": f"{args.width}x{args.height}", "config": config, "text_valid": args.text_valid,
+                 "gemm_layers": gemm_layers,
+                 "spec": {"name": spec.name, "latent": spec.latent, "tokens": e2e.image_tokens(spec),
+                          "calls_per_step": spec.calls_per_step, "config": spec.config}})
+    return meta
 
 
 def _write(args, meta, results, table, e2e_report, schedules=None) -> None:

@@ -45,7 +45,8 @@ def markdown(doc: dict) -> str:
     meta, summary = doc["meta"], doc["summary"]
     rows = table_rows(summary)
     lines = [f"### {meta['spec']['name']} {meta.get('resolution', '')}: {config_label(meta.get('config', {}))}", "",
-             f"Device: {meta.get('device')}; torch {meta.get('torch')}; date {meta.get('date')}.",
+             f"Device: {meta.get('device')}; torch {meta.get('torch')}; date {meta.get('date')}; "
+             f"commit {meta.get('commit') or '?'}.",
              f"Command: `{meta.get('command', '')}`", "",
              "| " + " | ".join(rows[0]) + " |", "|" + "---|" * len(rows[0])]
     lines += ["| " + " | ".join(r) + " |" for r in rows[1:]]

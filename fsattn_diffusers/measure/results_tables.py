@@ -237,7 +237,9 @@ def accurate_tier(root: str = ROOT) -> List[str]:
 
 # ------------------------------------------------------------------------------------------------------ end to end
 
-E2E_FILES = (("Wan2.2 720p × 81, BF16 GEMMs, eager", "e2e_wan22_bf16_gemms_h200.json"),
+#: The Hopper policies end to end (Wan2.2, BF16 GEMMs, eager): every attention of ours and the baselines in one run.
+E2E_HOPPER_FILE = "e2e_wan22_hopper_h100.json"
+E2E_FILES = (("Wan2.2 720p × 81, BF16 GEMMs, eager", E2E_HOPPER_FILE),
              ("Wan2.2, FP8 GEMMs, eager", "e2e_wan22_fp8_gemms_h200.json"),
              ("Wan2.2, BF16 GEMMs, compiled", "e2e_wan22_bf16_gemms_compiled_h200.json"),
              ("Wan2.2, FP8 GEMMs, compiled", "e2e_wan22_fp8_gemms_compiled_h200.json"),
@@ -256,6 +258,26 @@ def end_to_end(root: str = ROOT) -> List[str]:
     header = ["configuration", "SDPA bf16 s/step", "FA3 bf16", "FA3 FP8", "mxfp8", "mxfp8 vs SDPA", "vs FA3 bf16",
               "vs FA3 FP8"]
     return _table(header, rows) + _provenance(sources)
+
+
+E2E_BASELINES = (("bf16", "SDPA bf16"), ("fa3", "FA3 bf16"), ("fa3-fp8", "FA3 FP8"), ("sage", "SageAttention 2"))
+
+
+def end_to_end_hopper(root: str = ROOT) -> List[str]:
+    """One row per policy of :data:`E2E_HOPPER_FILE`: step time, 20 steps, speedup over each baseline of the run and
+    the share of the step spent in attention."""
+    name = E2E_HOPPER_FILE
+    doc = load(name, root)
+    s = doc["summary"]
+    base = [(p, label) for p, label in E2E_BASELINES if p in s]
+    rows = []
+    for policy, r in s.items():
+        mark = "{}" if policy in dict(E2E_BASELINES) else "**{}**"
+        rows.append([mark.format(policy), f"{r['step_s']:.2f}", f"{r['projected_s']:.1f}"]
+                    + [_x(r["speedup_vs"].get(p)) for p, _ in base]
+                    + [f"{100 * r['attention_share']:.0f}%" if r.get("attention_share") is not None else "-"])
+    header = ["policy", "s/step", "20 steps (s)"] + [f"vs {label}" for _, label in base] + ["attention share"]
+    return _table(header, rows) + _provenance([_source(name, doc)])
 
 
 def hybrid(root: str = ROOT) -> List[str]:
@@ -327,6 +349,7 @@ def two_gpus(root: str = ROOT) -> List[str]:
 #: README marker name -> renderer.
 TABLES: Dict[str, Callable[..., List[str]]] = {"speed": speed, "table4": table4, "structured": structured,
                                                "accurate_tier": accurate_tier, "end_to_end": end_to_end,
+                                               "end_to_end_hopper": end_to_end_hopper,
                                               "hybrid": hybrid, "two_gpus": two_gpus}
 
 

@@ -24,7 +24,7 @@ from ..token_mean import token_mean
 EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB, or V8T 16 KB, per slot at D = 128; 4 slots: the kernel alone 3.4-5.6%
 # faster than with 3 at the paper and Wan2.2 shapes, H100, outputs bit for bit the same) and registers of the worker
-# partition.
+# partition (setmaxnreg; 256, gluon_pingpong's, ran whole calls 1-7% slower on the H100, outputs the same).
 INT8_STAGES = 4
 INT8_WORKER_REGS = 240
 #: The V formats of the INT8 kernel (plan.INT8_KERNEL_PV_FORMATS): BF16 V (with BF16 P), E4M3 V with one scale per
