@@ -153,3 +153,73 @@ def test_the_end_to_end_line_ranks_our_policies_against_sage_only():
     assert line.endswith("**mxfp8** 1.080x, **int8-fp8** 0.900x.")
     assert "fa3-fp8" not in line and "bf16" not in line
     assert results_tables._e2e_line({"sage": {"speedup_vs": {"sage": 1.0}}}) == []
+
+
+def _bench_root(tmp_path, rows):
+    """A repository root whose ``benchmarks/results/`` holds a bench file of ``rows`` (``fsattn bench --json``) and
+    the smallest files of the other sources :func:`results_tables.speed` reads (:data:`~results_tables.TIER_ROWS`,
+    :data:`~results_tables.E2E_HOPPER_FILE`)."""
+    folder = tmp_path / results_tables.RESULTS
+    folder.mkdir(parents=True)
+    meta = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-07T00:00:00+00:00", "commit": "abc1234"}
+    docs = {results_tables.SPEED_FILE: {"environment": meta, "results": rows},
+            results_tables.E2E_HOPPER_FILE: {"meta": meta, "summary": {"sage": {"speedup_vs": {"sage": 1.0}}}}}
+    columns = {rec: {"err": 0.03} for rec, _ in results_tables.TIER_ROWS}
+    for _, name in results_tables.TIER_ROWS:
+        docs[name] = {"meta": meta, "result": {"cases": [{"family": "gaussian",
+                                                          "columns": {**columns, "sage": {"err": 0.04}}}]}}
+    for name, doc in docs.items():
+        (folder / name).write_text(json.dumps(doc))
+    return str(tmp_path)
+
+
+#: One shape's bench rows on gaussian inputs (baselines without ``inputs``, as files from before ``--inputs`` wrote
+#: them) and on ``offset_uniform_q``, the same methods with other times and errors.
+PAPER = [1, 24, 32768, 32768, 128]
+GAUSSIAN_ROWS = [{"shape": PAPER, "method": "sdpa-cudnn", "ms": 15.0, "rel_err": 0.002},
+                 {"shape": PAPER, "method": "fa3-bf16", "ms": 14.0, "rel_err": 0.0023},
+                 {"shape": PAPER, "method": "sageattention", "ms": 12.0, "rel_err": 0.0388},
+                 {"shape": PAPER, "inputs": "gaussian", "method": "mxfp8", "ms": 10.0, "rel_err": 0.0568,
+                  "speedup_vs_sage": 1.2}]
+OFFSET_ROWS = [{"shape": PAPER, "inputs": "offset_uniform_q", "method": "sdpa-cudnn", "ms": 15.5, "rel_err": 0.003},
+               {"shape": PAPER, "inputs": "offset_uniform_q", "method": "sageattention", "ms": 12.5, "rel_err": 0.0912},
+               {"shape": PAPER, "inputs": "offset_uniform_q", "method": "mxfp8", "ms": 20.0, "rel_err": 0.0734,
+                "speedup_vs_sage": 0.625}]
+
+
+def test_the_speed_tables_keep_each_input_family_of_a_shape_apart(tmp_path):
+    """A bench run with ``--inputs gaussian,offset_uniform_q``: the speed table and its grouping take the gaussian rows
+    (rows without ``inputs`` included), speed_inputs the offset rows, each with SageAttention 2 on the same inputs."""
+    root = _bench_root(tmp_path, GAUSSIAN_ROWS + OFFSET_ROWS)
+    doc = results_tables.load(results_tables.SPEED_FILE, root)
+    gaussian = results_tables._rows_by_shape(doc, "gaussian")
+    offset = results_tables._rows_by_shape(doc, "offset_uniform_q")
+    print({k: {m: (r["ms"], r["rel_err"]) for m, r in v.items()} for k, v in gaussian.items()})
+    assert list(gaussian) == list(offset) == [(1, 24, 32768, 128)]
+    assert {m: r["ms"] for m, r in gaussian[1, 24, 32768, 128].items()} == {
+        "sdpa-cudnn": 15.0, "fa3-bf16": 14.0, "sageattention": 12.0, "mxfp8": 10.0}
+    assert {m: r["ms"] for m, r in offset[1, 24, 32768, 128].items()} == {
+        "sdpa-cudnn": 15.5, "sageattention": 12.5, "mxfp8": 20.0}
+
+    speed = results_tables.speed(root)
+    print("\n".join(speed))
+    assert speed[2].startswith("| paper (1, 24, 32768, 128) | **mxfp8** | 10.00 | 15.00 | 14.00 | - | 12.00 | ")
+    assert speed[2].endswith(" | 5.68 |") and len(speed) > 3 and not speed[3].startswith("|")
+    assert "sageattention 3.88" in speed[3] and "(1.200x SageAttention 2, error 5.68%)" in " ".join(speed)
+
+    inputs = results_tables.speed_structured_inputs(root)
+    print("\n".join(inputs))
+    assert inputs[2:-2] == ["| paper (1, 24, 32768, 128) | offset_uniform_q (+3 on every channel of Q) | **mxfp8** | "
+                            "20.00 | 12.50 | 0.625x | 7.34 | 9.12 |"]
+    assert inputs[-1] == ("Source: [bench_h100.json](benchmarks/results/bench_h100.json) (NVIDIA H100 80GB HBM3, "
+                          "2026-12-07, abc1234).")
+
+
+def test_the_structured_speed_table_says_when_the_bench_ran_gaussian_inputs_only(tmp_path):
+    root = _bench_root(tmp_path, GAUSSIAN_ROWS)
+    lines = results_tables.speed_structured_inputs(root)
+    print("\n".join(lines))
+    assert lines[0] == "The speed file (bench_h100.json) has no runs on structured inputs."
+    assert lines[1:] == ["", "Source: [bench_h100.json](benchmarks/results/bench_h100.json) (NVIDIA H100 80GB HBM3, "
+                             "2026-12-07, abc1234)."]
+    assert results_tables._rows_by_shape(results_tables.load(results_tables.SPEED_FILE, root), "offset_uniform_q") == {}

@@ -16,10 +16,14 @@ import re
 import sys
 from typing import Callable, Dict, List, Optional, Sequence, Tuple
 
+from .structured_inputs import DESCRIPTIONS
+
 #: The repository root (this file is fsattn_diffusers/measure/results_tables.py in a checkout).
 ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
 RESULTS = os.path.join("benchmarks", "results")
-SHAPE_NAMES = {(1, 24, 32768, 128): "paper (1, 24, 32768, 128)", (1, 40, 75600, 128): "Wan2.2-A14B 720p (1, 40, 75600, 128)"}
+SHAPE_NAMES = {(1, 24, 32768, 128): "paper (1, 24, 32768, 128)",
+               (1, 40, 75600, 128): "Wan2.2-A14B 720p (1, 40, 75600, 128)",
+               (1, 24, 119040, 128): "HunyuanVideo 720p (1, 24, 119040, 128)"}
 
 
 def load(name: str, root: str = ROOT) -> Dict:
@@ -62,14 +66,36 @@ SPEED_RECIPES = ("mxfp8", "mxfp6", "mxfp4", "int8-fp8", "int8-bf16", "int8-bf16+
 SPEED_FILE = "bench_h100.json"
 
 
-def speed(root: str = ROOT) -> List[str]:
-    """Per shape: the baselines and our recipes' whole call, from :data:`SPEED_FILE`; ratios are baseline time /
-    ours."""
-    name = SPEED_FILE
-    doc = load(name, root)
+def _rows_by_shape(doc: Dict, inputs: str) -> Dict[tuple, Dict[str, Dict]]:
+    """The rows of a bench result (``fsattn bench --json``) on the input family ``inputs``, per shape (B, H, S, D)
+    and method, shapes in the file's order.
+
+    Parameters
+    ----------
+    doc : dict
+        The bench result: ``results`` rows with ``shape`` [B, H, Sq, Sk, D], ``inputs`` and ``method``.
+    inputs : str
+        The input family: ``"gaussian"`` or a family of :mod:`fsattn_diffusers.measure.structured_inputs`. Rows
+        without ``inputs`` (files from before the bench took ``--inputs``) are gaussian's.
+
+    Returns
+    -------
+    dict
+        ``{(B, H, S, D): {method: row}}``.
+    """
     by_shape: Dict[tuple, Dict[str, Dict]] = {}
     for r in doc["results"]:
-        by_shape.setdefault(tuple(r["shape"][:3] + r["shape"][4:]), {})[r["method"]] = r
+        if r.get("inputs", "gaussian") == inputs:
+            by_shape.setdefault(tuple(r["shape"][:3] + r["shape"][4:]), {})[r["method"]] = r
+    return by_shape
+
+
+def speed(root: str = ROOT) -> List[str]:
+    """Per shape: the baselines and our recipes' whole call on gaussian inputs, from :data:`SPEED_FILE`; ratios are
+    baseline time / ours. The file's other input families are :func:`speed_structured_inputs`'s."""
+    name = SPEED_FILE
+    doc = load(name, root)
+    by_shape = _rows_by_shape(doc, "gaussian")
     rows = []
     for shape, m in by_shape.items():
         fp8, sage = m.get("fa3-fp8", {}), m.get("sageattention", {})
@@ -97,6 +123,43 @@ def speed(root: str = ROOT) -> List[str]:
     return (_table(header, rows) + note + _pick_line(by_shape, structured) + _e2e_line(e2e["summary"])
             + _provenance([_source(name, doc)] + [_source(n, d) for n, d in tiers.items()]
                           + [_source(E2E_HOPPER_FILE, e2e)]))
+
+
+def speed_structured_inputs(root: str = ROOT) -> List[str]:
+    """Per input family of :data:`SPEED_FILE` other than gaussian, per shape: our recipes' whole call against
+    SageAttention 2 on the same inputs, with both errors.
+
+    Parameters
+    ----------
+    root : str
+        The repository root holding ``benchmarks/results/``.
+
+    Returns
+    -------
+    list of str
+        The table's lines and its provenance line; without such runs, one line that says so and the provenance.
+    """
+    name = SPEED_FILE
+    doc = load(name, root)
+    families = [f for f in dict.fromkeys(r.get("inputs", "gaussian") for r in doc["results"]) if f != "gaussian"]
+    rows = []
+    for family in families:
+        label = f"{family} ({DESCRIPTIONS[family]})" if family in DESCRIPTIONS else family
+        for shape, m in _rows_by_shape(doc, family).items():
+            sage = m.get("sageattention")
+            for rec in SPEED_RECIPES:
+                r = m.get(rec)
+                if r is None:
+                    continue
+                rows.append([SHAPE_NAMES.get(shape, str(shape)), label, f"**{rec}**", f"{r['ms']:.2f}",
+                             f"{sage['ms']:.2f}" if sage else "-", _x(r.get("speedup_vs_sage")),
+                             f"{r['rel_err'] * 100:.2f}", f"{sage['rel_err'] * 100:.2f}" if sage else "-"])
+    if not rows:
+        what = " of the speed table's recipes" if families else ""
+        return [f"The speed file ({name}) has no runs{what} on structured inputs."] + _provenance([_source(name, doc)])
+    header = ["shape (B, H, S, D)", "inputs", "recipe", "ms", "SageAttention 2 ms", "vs SageAttention 2", "error %",
+              "SageAttention 2 error %"]
+    return _table(header, rows) + _provenance([_source(name, doc)])
 
 
 def _e2e_line(summary: Dict[str, Dict]) -> List[str]:
@@ -361,10 +424,11 @@ def two_gpus(root: str = ROOT) -> List[str]:
 
 
 #: README marker name -> renderer.
-TABLES: Dict[str, Callable[..., List[str]]] = {"speed": speed, "table4": table4, "structured": structured,
+TABLES: Dict[str, Callable[..., List[str]]] = {"speed": speed, "speed_inputs": speed_structured_inputs,
+                                               "table4": table4, "structured": structured,
                                                "accurate_tier": accurate_tier, "end_to_end": end_to_end,
                                                "end_to_end_hopper": end_to_end_hopper,
-                                              "hybrid": hybrid, "two_gpus": two_gpus}
+                                               "hybrid": hybrid, "two_gpus": two_gpus}
 
 
 def render(name: str, root: str = ROOT) -> str:
