@@ -90,14 +90,11 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr):
-    """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of key tile
-    ``t`` (one rounding; masked keys stay -inf). The ``BN`` terms are loaded one per thread of the warpgroup and moved
-    to the scores' columns through shared memory: loaded in the scores' column layout, each thread loaded every
-    column it holds, and the loads' addresses, hoisted out of the key loop, spilled (1048 B with FP8 P)."""
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=one))
-    return (x - I2F_MAGIC) * a[:, None] + gl.convert_layout(b, scol)[None, :]
+def _with_key_term(x, a, b_tile, scol: gl.constexpr):
+    """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of the key tile
+    (one rounding; masked keys stay -inf). ``b_tile``: the tile's ``BN`` terms in shared memory, brought by TMA with
+    its K/V slot (:func:`_load_kv`); each thread reads the columns it holds."""
+    return (x - I2F_MAGIC) * a[:, None] + b_tile.load(scol)[None, :]
 
 
 @gluon.jit
@@ -217,12 +214,18 @@ def _issue_pv(pa, ones, v_tile, o, lacc, zero_o, zero_l, PV_FP8: gl.constexpr):
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, BN: gl.constexpr,
-             PV_FP8: gl.constexpr):
-    """K8 and V (V16 rows, or ``PV_FP8`` V8T columns) of key tile ``tile`` into ``slot``, on the slot's one
-    mbarrier."""
+def _load_kv(k_desc, v_desc, b_desc, k_smem, v_smem, b_smem, kvbar, slot, tile, bh, SKP, pred, BN: gl.constexpr,
+             PV_FP8: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """K8 and V (V16 rows, or ``PV_FP8`` V8T columns) of key tile ``tile`` into ``slot``, and with ``HAS_BIAS`` the
+    tile's key terms, on the slot's one mbarrier."""
     D: gl.constexpr = k_smem.shape[2]
-    mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    if HAS_BIAS:
+        mbarrier.expect(kvbar.index(slot),
+                        k_desc.block_type.nbytes + v_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(b_desc, [bh * SKP + tile * BN], kvbar.index(slot), b_smem.index(slot),
+                                        pred=pred)
+    else:
+        mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, [bh * SKP + tile * BN, 0], kvbar.index(slot), k_smem.index(slot),
                                     pred=pred)
     if PV_FP8:
@@ -236,7 +239,7 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, B
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
               DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, PV_FP8: gl.constexpr,
-              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, b_smem, kvbar, empty, k_desc, v_desc, b_desc, KS_row, qsc, zero_s,
               zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
               p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
@@ -262,7 +265,7 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
     if HAS_BIAS:  # scores in doublings with Q smoothing's key term
-        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol)
+        x = _with_key_term(x, a, b_smem.index(slot), scol)
     xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)  # xmax: the row peaks in doublings
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
@@ -276,8 +279,9 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
     mbarrier.arrive(empty.index(prev))
     if WG == 1:
         mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-        _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL),
-                 bh, SKP, j - 1 + STAGES < n_tiles, BN, PV_FP8)
+        _load_kv(k_desc, v_desc, b_desc, k_smem, v_smem, b_smem, kvbar, prev,
+                 _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), bh, SKP, j - 1 + STAGES < n_tiles, BN, PV_FP8,
+                 HAS_BIAS)
     if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
         m, m_high, lo, c, down = _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID)
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
@@ -289,8 +293,8 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr,
-              PV_FP8: gl.constexpr, SIGMA: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
-              onesbar, k_desc, v_desc, QS, KS, BIAS, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0,
+              PV_FP8: gl.constexpr, SIGMA: gl.constexpr, q_smem, qbar, k_smem, v_smem, b_smem, kvbar, empty,
+              ones_smem, onesbar, k_desc, v_desc, b_desc, QS, KS, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0,
               sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
     (``kernels.sm90.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores, BF16 or ``PV_FP8`` P/V)."""
@@ -343,7 +347,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         a = qsc * gl.load(KS_row + j0)
         x = _mask_tail(_scores(s), j0, n_keys, BN, scol)
         if HAS_BIAS:
-            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
+            x = _with_key_term(x, a, b_smem.index(0), scol)
         m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
@@ -359,13 +363,13 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, PV_FP8,
-                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, zero_o,
+                SIGMA, qs, ones, k_smem, v_smem, b_smem, kvbar, empty, k_desc, v_desc, b_desc, KS_row, qsc, zero_s, zero_o,
                 zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol,
                 orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS,
-                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, b_smem, kvbar, empty, k_desc, v_desc, b_desc, KS_row, qsc, zero_s,
                 zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
                 p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
@@ -397,7 +401,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
 
 
 @gluon.jit(do_not_specialize=["SK"])  # S_k = 1 as a constant breaks the peeled loop's lowering
-def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, VS, TSEL, OUT, LSE, STATS, FLAGS,
+def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, b_desc, QS, KS, VS, TSEL, OUT, LSE, STATS, FLAGS,
                                  NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
@@ -416,8 +420,9 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     DIAGONAL, M_OFFSET, CAP, FLOOR : as
         :func:`kernels.sm90.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
-    BIAS, HAS_BIAS : Q smoothing's per-key term (B*H*SKP) fp32 in doublings, added to the scores as
-        ``fma(S_j, a_j, b_j)`` before the gate and Stage-A (sm90_numerics difference 12).
+    b_desc, HAS_BIAS : of Q smoothing's per-key term (B*H*SKP) fp32 in doublings, block (BN), brought with each K/V
+        slot and added to the scores as ``fma(S_j, a_j, b_j)`` before the gate and Stage-A (sm90_numerics difference
+        12); without ``HAS_BIAS`` any fp32 descriptor of that block (not read).
     TSEL, TERM_SEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch. The host launches the kernel twice,
         ``HAS_BIAS`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``HAS_BIAS`` returns before
         any work, so a slice the switch leaves out runs the loop without the key term.
@@ -443,6 +448,10 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
         else:
             v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
             ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
+        if HAS_BIAS:
+            b_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BN], b_desc.layout)
+        else:
+            b_smem = k_smem  # not read
         qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -462,12 +471,12 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
         mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh, SKP,
-                     i < n_tiles, BN, PV_FP8)
+            _load_kv(k_desc, v_desc, b_desc, k_smem, v_smem, b_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL),
+                     bh, SKP, i < n_tiles, BN, PV_FP8, HAS_BIAS)
 
-        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, VS,
-                OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-                CAP, FLOOR, M_OFFSET)
+        args = (q_smem, qbar, k_smem, v_smem, b_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, b_desc, QS, KS,
+                VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP,
+                WRITE_LSE, CAP, FLOOR, M_OFFSET)
         gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS, PV_FP8, SIGMA) + args),
                             (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS, PV_FP8, SIGMA) + args)], [4],
                            [REGS])

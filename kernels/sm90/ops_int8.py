@@ -112,10 +112,12 @@ def attention_int8_from_operands(ops: Int8Operands, out, s_q: int, s_k: int, kv_
         v_desc = tma_desc(ops.v.view(b * h * skp, d), [KEY_TILE, d], "bfloat16")
         ones_desc = tma_desc(_ones_tile(ops.q8.device, torch.bfloat16), [ONES_N.value, KEY_TILE], "bfloat16")
     bias, qs = ops.bias, ops.qs
+    # the key terms per key tile, brought with K/V (without the term any fp32 descriptor of that block: Q's scales)
+    b_desc = tma_desc((bias if bias is not None else qs).reshape(-1), [KEY_TILE], "float32")
     q_sel = ops.q_sel if bias is not None else None
     for has_bias in ((False, True) if q_sel is not None else (bias is not None,)):
         fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
-            q_desc, k_desc, v_desc, ones_desc, qs, ops.ks, bias if bias is not None else qs,
+            q_desc, k_desc, v_desc, ones_desc, b_desc, qs, ops.ks,
             ops.vs if pv_fp8 else qs, q_sel if q_sel is not None else stats, out, lse if lse is not None else stats,
             stats, tile_bits if nkw else stats, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q,
             s_k, sqp, skp,
