@@ -68,8 +68,13 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
 
 12. **Q smoothing on the INT8 tier (``smooth_q``).** The pre-pass subtracts Q's mean (per-slice switch as for the MX
    tiers) and writes the key term ``b_j`` (fp32, ``smoothing.key_bias`` summed in the pre-pass's order); the kernel
-   forms the scores in doublings as ``fma(S, float32(s_q s_k), b_j)`` (one rounding) before the gate and Stage-A,
-   where the reference adds ``b_j`` to ``float32(S * float32(s_q s_k))`` (two roundings; the same where ``b_j = 0``).
+   forms the first key tile's scores in doublings as ``fma(S, float32(s_q s_k), b_j)`` (one rounding) for the frozen
+   reference; on every tile, with the exact exponential, Stage-A's argument is ``float32(float32(Xb a - C) + b_j)``
+   (``Xb``, ``a``, ``C`` of difference 14: two roundings, both at the argument's magnitude), the gate reads
+   ``float32(max_j z + (m - sigma))``, and a row that rolls back keeps its ``P 2^sigma`` times ``2^-step`` (the
+   reference's integer step: exact) instead of a second Stage-A; under Schraudolph Stage-A runs on the scores in
+   doublings. The reference adds ``b_j`` to ``float32(S * float32(s_q s_k))`` and runs Stage-A on ``float32(y - m)``
+   (the same up to those roundings).
 
 13. **The INT8 speed tier (``int8-fp8``: INT8 Q/K, ``p_format="fp8_row"``, ``v_format="fp8_channel"``).** Scores and
    reference as difference 10; P is carried as ``E4M3(P 2^sigma)`` with sigma = 4 and the gate at ``min(cap, 4)`` as in
@@ -86,9 +91,9 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    ``Xb``: ``float32(Xb a - C)``, ``float32(Xb 128 a - C)``. So each (row, key tile) sees ``m`` moved by ``C``'s
    rounding, below ``ulp(a M) / 2`` (exact; Schraudolph: below 1/256 of a doubling), and the scores enter Stage-A as
    exact products (no fp32 rounding of ``S a`` first). The gate and the reference read ``float32(max(S) a)`` as in
-   difference 10; rows that add Q smoothing's key term (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased
-   Stage-A. :func:`stage_a_biased`; with FP8 P (difference 13, exact exponential) its fp32 values of ``P 2^sigma``
-   before the E4M3 cast. With FP8 P the kernel writes Stage-A as one explicit FMA in every copy: written
+   difference 10; rows that add Q smoothing's key term (difference 12) add it to Stage-A's argument (exact
+   exponential) or form ``fma(S, a, b_j)`` and keep the unbiased Stage-A (Schraudolph). :func:`stage_a_biased`;
+   with FP8 P (difference 13, exact exponential) its fp32 values of ``P 2^sigma`` before the E4M3 cast. With FP8 P the kernel writes Stage-A as one explicit FMA in every copy: written
    ``x * a - C``, the compiler rounds ``Xb a`` first where two copies share it (the rollback re-run), a rounding at
    ``ulp(a M)``, which with E4M3 P moves a row's dominant weight across a rounding boundary (LSE up to ln(9/8) nats).
    With BF16 P the kernel keeps ``x * a - C`` (the explicit form runs 10-11% slower): in rolled-back tiles a BF16

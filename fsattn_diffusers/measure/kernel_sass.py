@@ -141,8 +141,8 @@ def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
     types = dict(TYPES, q_desc=desc(k8.WG_ROWS.value, d, gl.int8, "i8"), k_desc=desc(bn, d, gl.int8, "i8"),
                  v_desc=v_desc, ones_desc=ones_desc, QS="*fp32", KS="*fp32",
                  b_desc=f"tensordesc<fp32[{bn}],{gl.NVMMASharedLayout.get_default_for([bn], gl.float32)!r}>")
-    c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES,
-             REGS=ops_int8.INT8_WORKER_REGS, **launch)
+    regs = ops_int8.INT8_TERM_WORKER_REGS if const.get("HAS_BIAS") else ops_int8.INT8_WORKER_REGS
+    c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES, REGS=regs, **launch)
     c = {k.upper(): v for k, v in dict(c, **const).items()}  # launch_args' names are the constexprs' in lower case
     sig, constexprs, attrs = _signature(k8.fsattn_fwd_gluon_int8_kernel, types, c)
     src = GluonASTSource(fn=k8.fsattn_fwd_gluon_int8_kernel, signature=sig, constexprs=constexprs, attrs=attrs)
@@ -237,13 +237,21 @@ def stage_a_rounded_products(sass: str) -> tuple:
     reference models one FMA (sm90_numerics difference 14). Each operand's definition is the nearest earlier write
     of its register in the listing (straight-line reading: enough for these unrolled tiles)."""
     ins = [(op, rest) for _, _, op, rest in LINE.findall(sass)]
-    dest = [m.group(1) if (m := re.match(r"\s*(R\d+)\b", rest)) else None for _, rest in ins]
+
+    def written(op, rest):  # the registers an instruction writes: a .64 / .128 load writes 2 / 4 from the first
+        m = re.match(r"\s*R(\d+)\b", rest)
+        if m is None or op.startswith("ST"):
+            return ()
+        width = 4 if ".128" in op else 2 if ".64" in op and op.startswith("LD") else 1
+        return tuple(f"R{int(m.group(1)) + w}" for w in range(width))
+
+    dest = [written(op, rest) for op, rest in ins]
 
     def sources(i):
         return re.findall(r"R\d+", ins[i][1].split(",", 1)[1]) if "," in ins[i][1] else []
 
     def definition(i, reg):
-        return next((j for j in range(i - 1, -1, -1) if dest[j] == reg and not ins[j][0].startswith("ST")), None)
+        return next((j for j in range(i - 1, -1, -1) if reg in dest[j]), None)
 
     clamp = str(int(I2F_MAGIC))  # 1.5 2^23 as cuobjdump prints it
     n = total = 0
