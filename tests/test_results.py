@@ -142,3 +142,14 @@ def test_commit_outside_git_comes_from_the_environment(monkeypatch):
     monkeypatch.setenv(provenance.COMMIT_ENV, "abc1234")
     assert provenance.commit() == "abc1234"
     assert provenance.header()["commit"] == "abc1234"
+
+
+def test_the_end_to_end_line_ranks_our_policies_against_sage_only():
+    summary = {"bf16": {"speedup_vs": {"sage": 0.8}}, "sage": {"speedup_vs": {"sage": 1.0}},
+               "fa3-fp8": {"speedup_vs": {"sage": 1.06}}, "int8-fp8": {"speedup_vs": {"sage": 0.9}},
+               "mxfp8": {"speedup_vs": {"sage": 1.08}}, "int8-bf16": {"speedup_vs": {}}}
+    line = results_tables._e2e_line(summary)[-1]
+    print(line)
+    assert line.endswith("**mxfp8** 1.080x, **int8-fp8** 0.900x.")
+    assert "fa3-fp8" not in line and "bf16" not in line
+    assert results_tables._e2e_line({"sage": {"speedup_vs": {"sage": 1.0}}}) == []

@@ -242,7 +242,7 @@ def stage_a_rounded_products(sass: str) -> tuple:
         m = re.match(r"\s*R(\d+)\b", rest)
         if m is None or op.startswith("ST"):
             return ()
-        width = 4 if ".128" in op else 2 if ".64" in op and op.startswith("LD") else 1
+        width = (4 if ".128" in op else 2 if ".64" in op else 1) if op.startswith("LD") else 1
         return tuple(f"R{int(m.group(1)) + w}" for w in range(width))
 
     dest = [written(op, rest) for op, rest in ins]

@@ -93,8 +93,22 @@ def speed(root: str = ROOT) -> List[str]:
     note = [f"Error % of the baselines on the same inputs: {', '.join(errs)}."] if errs else []
     tiers = {n: load(n, root) for n in dict.fromkeys(n for _, n in TIER_ROWS)}
     structured = {rec: sage_error_ratios(tiers[n]["result"]["cases"], rec) for rec, n in TIER_ROWS}
-    return (_table(header, rows) + note + _pick_line(by_shape, structured)
-            + _provenance([_source(name, doc)] + [_source(n, d) for n, d in tiers.items()]))
+    e2e = load(E2E_HOPPER_FILE, root)
+    return (_table(header, rows) + note + _pick_line(by_shape, structured) + _e2e_line(e2e["summary"])
+            + _provenance([_source(name, doc)] + [_source(n, d) for n, d in tiers.items()]
+                          + [_source(E2E_HOPPER_FILE, e2e)]))
+
+
+def _e2e_line(summary: Dict[str, Dict]) -> List[str]:
+    """Our policies of the Hopper end-to-end run (:data:`E2E_HOPPER_FILE`), fastest first, by their step time over
+    SageAttention 2's (the ``sage`` policy)."""
+    ours = [(p, r["speedup_vs"]["sage"]) for p, r in summary.items()
+            if p not in dict(E2E_BASELINES) and r.get("speedup_vs", {}).get("sage")]
+    if not ours:
+        return []
+    said = ", ".join(f"**{p}** {x:.3f}x" for p, x in sorted(ours, key=lambda t: -t[1]))
+    return ["", f"End to end (a Wan2.2 720p denoising step, random weights; the Hopper table below), speed over "
+                f"SageAttention 2's (`sage`): {said}."]
 
 
 #: SageAttention 2's accuracy as a recipe must meet it on the structured suite to count as "at its accuracy": error
