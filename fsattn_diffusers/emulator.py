@@ -72,14 +72,13 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
         x, parts = num.tile_scores(q, k[:, k0:k1])  # parts: what the kernel's Stage-A reads in place of x
         if post_mult != 1.0:
             x, parts = x * post_mult, None
-        if bias is not None:
-            term = bias[:, None, k0:k1]
-            x = x + (term if kept is None else torch.where(kept[..., None], term, torch.zeros_like(term)))
-            parts = None if parts is None or kept is None else parts._replace(rows=~kept)  # rows without the term
+        if bias is not None:  # Q smoothing's key term on the rows ``kept``
+            x, parts = num.with_key_term(x, parts, bias[:, None, k0:k1], kept)
         vmask = None if valid is None else valid[:, None, k0:k1]
         if vmask is not None:
             x = torch.where(vmask, x, neg_inf)
-        tile_max = x.amax(dim=-1)
+        tile_max = num.row_peaks(x, m, parts)
+        m_gate = m
         if valid is None:
             stats["tiles"] += g * n_qt
         else:
@@ -109,6 +108,8 @@ def _attend_chunk(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, valid: Opti
                 pad = n_qt * num.tile_m - r
                 per_tile = torch.nn.functional.pad(fire, (0, pad)).reshape(g, n_qt, num.tile_m)
                 stats["rollback_tiles"] += int(per_tile.any(dim=-1).sum())
+        if parts is not None and j > 0:
+            parts = parts._replace(m_gate=m_gate)  # a rollback moved m from it
         p = num.stage_a(x, torch.where(torch.isfinite(m), m, torch.zeros_like(m)), parts)
         if vmask is not None:
             p = torch.where(vmask, p, torch.zeros_like(p))

@@ -45,11 +45,17 @@ class ScoreParts(NamedTuple):
     s : Tensor (G, R, n) float32, the exact integer dot products.
     a : Tensor (G, R, n) float32, ``float32(s_q s_k)``: X = float32(s a).
     rows : Tensor (G, R) bool or None: the rows whose Stage-A reads these (None: all; the others read X).
+    term, term_rows : Q smoothing's key terms (G, 1, n) float32 in doublings and the rows (G, R) bool that add them to
+        Stage-A's argument (the INT8 kernel with the exact exponential, sm90_numerics difference 12), or None.
+    m_gate : Tensor (G, R) float32 or None: the reference at the tile's gate (before a rollback moved it).
     """
 
     s: torch.Tensor
     a: torch.Tensor
     rows: Optional[torch.Tensor] = None
+    term: Optional[torch.Tensor] = None
+    term_rows: Optional[torch.Tensor] = None
+    m_gate: Optional[torch.Tensor] = None
 
 
 class MI355XNumerics:
@@ -94,6 +100,17 @@ class MI355XNumerics:
     def tile_scores(self, q: torch.Tensor, k: torch.Tensor) -> Tuple[torch.Tensor, Optional[ScoreParts]]:
         """``(X, parts)``: :meth:`scores` and what Stage-A reads in place of X (:class:`ScoreParts`; None: X)."""
         return self.scores(q, k), None
+
+    def with_key_term(self, x: torch.Tensor, parts: Optional[ScoreParts], term: torch.Tensor,
+                      kept: Optional[torch.Tensor]) -> Tuple[torch.Tensor, Optional[ScoreParts]]:
+        """The scores with Q smoothing's key term ``term`` (G, 1, n) added on the rows ``kept`` (G, R) (None: all),
+        and what Stage-A reads: ``parts`` on the rows without the term (None where every row has it)."""
+        x = x + (term if kept is None else torch.where(kept[..., None], term, torch.zeros_like(term)))
+        return x, None if parts is None or kept is None else parts._replace(rows=~kept)
+
+    def row_peaks(self, x: torch.Tensor, m: torch.Tensor, parts: Optional[ScoreParts] = None) -> torch.Tensor:
+        """The tile's row peaks (G, R) in doublings that the gate and the frozen reference read: ``max(x)``."""
+        return x.amax(dim=-1)
 
     def seed(self, tile_max: torch.Tensor) -> torch.Tensor:
         """The frozen reference from the first key tile visited (Algorithm 1, line 2), raised by
@@ -221,14 +238,45 @@ class SM90Int8Numerics(MI355XNumerics):
 
     seed = SM90Numerics.seed  # the reference on the kernel's 1/128 grid (sm90_numerics difference 2)
 
+    def with_key_term(self, x, parts, term, kept):
+        """Difference 12: on the rows with the term the scores ``float32(S a + b_j)`` (the kernel's FMA, one rounding),
+        which the first tile's reference reads; with the exact exponential Stage-A's argument takes the term
+        (``parts.term``), else Stage-A runs on those scores."""
+        if parts is None:  # FP8 P under Schraudolph: no kernel (tile_scores)
+            return super().with_key_term(x, parts, term, kept)
+        rows = torch.ones(x.shape[:-1], dtype=torch.bool, device=x.device) if kept is None else kept
+        y = self._sm90.scores_with_key_term(parts.s, parts.a, term)
+        x = torch.where(rows[..., None], y, x)
+        if self.recipe.exponential == Exponential.EXACT:
+            return x, parts._replace(rows=None, term=term, term_rows=rows)
+        return x, parts._replace(rows=~rows)
+
+    def row_peaks(self, x, m, parts=None):
+        """Difference 12: the rows that add the key term to Stage-A's argument ``z`` read ``float32(max(z) + (m -
+        sigma))`` once the reference is set (later tiles), else ``max(x)``."""
+        peaks = x.amax(dim=-1)
+        if parts is None or parts.term is None:
+            return peaks
+        z = self._sm90.stage_a_argument_key_term(parts.s, parts.a, parts.term, m, self.p_scale_log2)
+        z = torch.where(torch.isfinite(x), z, torch.full_like(z, float("-inf")))  # masked keys
+        from_z = (z.amax(dim=-1).double() + (m.double() - self.p_scale_log2)).float()
+        return torch.where(parts.term_rows & torch.isfinite(m), from_z, peaks)
+
     def stage_a(self, x: torch.Tensor, m: torch.Tensor, parts: Optional[ScoreParts] = None) -> torch.Tensor:
         """Schraudolph's BF16 pattern (difference 10; FP8 P: the FP16 proxy of ``P 2^sigma``, difference 13) or
         ``2^(x - m)`` (``exact``, difference 11; BF16 P rounds it, FP8 P keeps fp32 times ``2^sigma``). With ``parts``
-        on the biased scores (difference 14) for ``parts.rows`` (all rows if None), from ``x`` elsewhere."""
+        on the biased scores (difference 14) for ``parts.rows`` (all rows if None), from ``x`` elsewhere; with
+        ``parts.term`` (difference 12) ``2^z`` on ``parts.term_rows``, times ``2^(m_gate - m)`` where a rollback moved
+        the reference."""
         if parts is None:
             return self._stage_a_scores(x, m)
         exact = self.recipe.exponential == Exponential.EXACT  # FP8 P: with the exact exponential only (tile_scores)
         p = self._sm90.stage_a_biased(parts.s, parts.a, m, self.p_scale_log2, exact, not self.recipe.rollback)
+        if parts.term is not None:  # difference 12: 2^z at the gate's reference, times 2^-step after a rollback
+            m_gate = m if parts.m_gate is None else parts.m_gate
+            z = self._sm90.stage_a_argument_key_term(parts.s, parts.a, parts.term, m_gate, self.p_scale_log2)
+            pt = torch.nan_to_num(torch.exp2(z), nan=0.0) * torch.exp2(m_gate - m)[..., None]
+            p = torch.where(parts.term_rows[..., None], pt, p)
         if exact and not self._fp8_p:
             p = round_to_bf16(p)
         return p if parts.rows is None else torch.where(parts.rows[..., None], p, self._stage_a_scores(x, m))

@@ -68,8 +68,14 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
 
 12. **Q smoothing on the INT8 tier (``smooth_q``).** The pre-pass subtracts Q's mean (per-slice switch as for the MX
    tiers) and writes the key term ``b_j`` (fp32, ``smoothing.key_bias`` summed in the pre-pass's order); the kernel
-   forms the scores in doublings as ``fma(S, float32(s_q s_k), b_j)`` (one rounding) before the gate and Stage-A,
-   where the reference adds ``b_j`` to ``float32(S * float32(s_q s_k))`` (two roundings; the same where ``b_j = 0``).
+   forms the first key tile's scores in doublings as ``fma(S, float32(s_q s_k), b_j)`` (one rounding) for the frozen
+   reference; on every tile, with the exact exponential, Stage-A's argument is ``float32(float32(Xb a - C) + b_j)``
+   (``Xb``, ``a``, ``C`` of difference 14: two roundings, both at the argument's magnitude), the gate reads
+   ``float32(max_j z + (m - sigma))``, and a row that rolls back keeps its ``P 2^sigma`` times ``2^-step`` (the
+   reference's integer step: exact) instead of a second Stage-A; under Schraudolph Stage-A runs on the scores in
+   doublings. The reference computes the same (:func:`scores_with_key_term`, :func:`stage_a_argument_key_term`;
+   ``SM90Int8Numerics.with_key_term`` / ``row_peaks``), ``2^z`` exact where the kernel's ``ex2.approx`` is within
+   2 ulp (difference 11).
 
 13. **The INT8 speed tier (``int8-fp8``: INT8 Q/K, ``p_format="fp8_row"``, ``v_format="fp8_channel"``).** Scores and
    reference as difference 10; P is carried as ``E4M3(P 2^sigma)`` with sigma = 4 and the gate at ``min(cap, 4)`` as in
@@ -86,11 +92,12 @@ differences, each reproduced by the emulator in these numerics (for the kernels'
    ``Xb``: ``float32(Xb a - C)``, ``float32(Xb 128 a - C)``. So each (row, key tile) sees ``m`` moved by ``C``'s
    rounding, below ``ulp(a M) / 2`` (exact; Schraudolph: below 1/256 of a doubling), and the scores enter Stage-A as
    exact products (no fp32 rounding of ``S a`` first). The gate and the reference read ``float32(max(S) a)`` as in
-   difference 10; rows that add Q smoothing's key term (difference 12) form ``fma(S, a, b_j)`` and keep the unbiased
-   Stage-A. :func:`stage_a_biased`; with FP8 P (difference 13, exact exponential) its fp32 values of ``P 2^sigma``
-   before the E4M3 cast. With FP8 P the kernel writes Stage-A as one explicit FMA in every copy: written
-   ``x * a - C``, the compiler rounds ``Xb a`` first where two copies share it (the rollback re-run), a rounding at
-   ``ulp(a M)``, which with E4M3 P moves a row's dominant weight across a rounding boundary (LSE up to ln(9/8) nats).
+   difference 10; rows that add Q smoothing's key term (difference 12) add it to Stage-A's argument (exact
+   exponential) or form ``fma(S, a, b_j)`` and keep the unbiased Stage-A (Schraudolph). :func:`stage_a_biased`;
+   with FP8 P (difference 13, exact exponential) its fp32 values of ``P 2^sigma`` before the E4M3 cast. With FP8 P
+   the kernel writes Stage-A as one explicit FMA in every copy: written ``x * a - C``, the compiler rounds ``Xb a``
+   first where two copies share it (the rollback re-run), a rounding at ``ulp(a M)``, which with E4M3 P moves a row's
+   dominant weight across a rounding boundary (LSE up to ln(9/8) nats).
    With BF16 P the kernel keeps ``x * a - C`` (the explicit form runs 10-11% slower): in rolled-back tiles a BF16
    pattern may lie one step from the reference's where the two roundings differ.
 
@@ -321,6 +328,24 @@ def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int
     c = (I2F_MAGIC + D_BITS + grid * sigma) - grid * m64  # the unbiased constant (exact: m is on the grid)
     const = (grid * a64 * I2F_MAGIC - c).float().double()
     return _proxy_values(torch.round(xb * (grid * a64) - const - I2F_MAGIC), saturate, False)
+
+
+def scores_with_key_term(s: torch.Tensor, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Difference 12: the INT8 kernel's scores in doublings with Q smoothing's key term, ``float32(s a + b_j)`` (one
+    FMA; in float64 ``s a`` (an integer below 2^22 times 24 bits) and the sum are exact). ``s``, ``a`` (..., rows,
+    keys), ``b`` (..., 1, keys) float32."""
+    return (s.double() * a.double() + b.double()).float()
+
+
+def stage_a_argument_key_term(s: torch.Tensor, a: torch.Tensor, b: torch.Tensor, m: torch.Tensor,
+                              sigma: int) -> torch.Tensor:
+    """Difference 12 with the exact exponential: Stage-A's argument ``z = float32(float32(Xb a - C) + b_j)`` with
+    ``Xb = 1.5 2^23 + s`` and ``C = float32(a 1.5 2^23 + (m - sigma))`` (difference 14's FMA, then the term), so that
+    ``2^z`` is ``P 2^sigma``. ``s``, ``a`` (..., rows, keys), ``b`` (..., 1, keys), ``m`` (..., rows) float32."""
+    xb = s.double() + I2F_MAGIC
+    a64 = a.double()
+    const = (a64 * I2F_MAGIC + (m.double()[..., None] - sigma)).float().double()
+    return ((xb * a64 - const).float().double() + b.double()).float()
 
 
 def _proxy_values(t: torch.Tensor, saturate: bool, f16: bool) -> torch.Tensor:

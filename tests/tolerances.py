@@ -209,3 +209,14 @@ PROMOTION_MOVE_MAX = 0.05
 #: errors against exact attention within this share (Schraudolph: the constant rounds to the pattern's integer grid,
 #: up to 1/256 doubling per row and key tile; CPU, gaussian D 128: 2.190% -> 2.197%).
 INT8_BIASED_ERR_MOVE_MAX = 0.01
+
+#: The reference with Q smoothing's key term folded into Stage-A's argument (sm90_numerics difference 12) against the
+#: scores path (the term added to float32(S a), Stage-A on float32(y - m)) on offset inputs, (1, 2, 384, 64): the two
+#: differ by roundings at the argument's magnitude, which move an E4M3 / BF16 P where it lies at a rounding tie
+#: (measured: outputs 1.9e-4 - 2.9e-4 apart, errors within 1e-5).
+KEY_TERM_FOLD_OUT_MAX = 2e-3
+KEY_TERM_FOLD_ERR_MOVE_MAX = 2e-4
+#: Their LSE: at most one E4M3 step of a row's dominant weight, ln(9/8) < 0.12 nats (measured: 8e-4 - 2.9e-3).
+KEY_TERM_FOLD_LSE_NATS = 0.12
+#: A bound computed as a sum of half-ulps in float64 against a difference computed there: relative slack.
+HALF_ULP_BOUND_SLACK = 1e-9

@@ -139,9 +139,10 @@ def compile_gluon_int8(d=128, stages=None, recipe="int8-bf16", **const):
     else:
         v_desc, ones_desc = desc(bn, d, gl.bfloat16, "bf16"), desc(8, bn, gl.bfloat16, "bf16")
     types = dict(TYPES, q_desc=desc(k8.WG_ROWS.value, d, gl.int8, "i8"), k_desc=desc(bn, d, gl.int8, "i8"),
-                 v_desc=v_desc, ones_desc=ones_desc, QS="*fp32", KS="*fp32", BIAS="*fp32")
-    c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES,
-             REGS=ops_int8.INT8_WORKER_REGS, **launch)
+                 v_desc=v_desc, ones_desc=ones_desc, QS="*fp32", KS="*fp32",
+                 b_desc=f"tensordesc<fp32[{bn}],{gl.NVMMASharedLayout.get_default_for([bn], gl.float32)!r}>")
+    regs = ops_int8.INT8_TERM_WORKER_REGS if const.get("HAS_BIAS") else ops_int8.INT8_WORKER_REGS
+    c = dict(D=d, BN=bn, HAS_KVL=False, WRITE_LSE=False, STAGES=stages or ops_int8.INT8_STAGES, REGS=regs, **launch)
     c = {k.upper(): v for k, v in dict(c, **const).items()}  # launch_args' names are the constexprs' in lower case
     sig, constexprs, attrs = _signature(k8.fsattn_fwd_gluon_int8_kernel, types, c)
     src = GluonASTSource(fn=k8.fsattn_fwd_gluon_int8_kernel, signature=sig, constexprs=constexprs, attrs=attrs)

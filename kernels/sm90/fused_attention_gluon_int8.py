@@ -34,8 +34,10 @@ row's dominant weight is sensitive to it) the same instructions ran 10-11% slowe
 
 Numerics: the int32 scores are exact (|S| < 127^2 D < 2^22); added to the bits of ``1.5 * 2^23`` they are exact fp32
 values ``Xb``, and Stage-A's FMA takes the exact product ``Xb a`` (``k``'s rounding moves ``m`` per row and tile by
-less than half its ulp: difference 14). Slices with Q smoothing's key term form ``fma(S, a, b_j)`` (difference 12) and
-run Stage-A on those doublings. BF16 products accumulate in fp32 on the tensor cores, so with BF16 P O and ``l`` are
+less than half its ulp: difference 14). Slices with Q smoothing's key term (difference 12; the tile's terms come by
+TMA with its K/V slot) take the first tile's peaks from ``fma(S, a, b_j)``; with ``EXP2_HW`` Stage-A's argument is
+``fma(Xb, a_j, -k) + b_j`` and a rolled-back row's P is scaled by ``2^-step``, with Schraudolph Stage-A runs on
+``fma(S, a, b_j)``. BF16 products accumulate in fp32 on the tensor cores, so with BF16 P O and ``l`` are
 chained in the wgmma accumulators across key tiles. Keys past ``kv_lens`` (K8 rows zero) are masked in the last key
 tile only, which the natural key order peels off the loop. The reference is
 :func:`fsattn_diffusers.backends.reference_attention` ("triton") with the recipe (``int8-bf16``, ``int8-fp8``).
@@ -90,14 +92,11 @@ def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
 
 
 @gluon.jit
-def _with_key_term(x, a, BIAS, bh, SKP, t, BN: gl.constexpr, scol: gl.constexpr):
-    """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of key tile
-    ``t`` (one rounding; masked keys stay -inf). The ``BN`` terms are loaded one per thread of the warpgroup and moved
-    to the scores' columns through shared memory: loaded in the scores' column layout, each thread loaded every
-    column it holds, and the loads' addresses, hoisted out of the key loop, spilled (1048 B with FP8 P)."""
-    one: gl.constexpr = gl.BlockedLayout([1], [32], [4], [0])
-    b = gl.load(BIAS + bh.to(gl.int64) * SKP + t * BN + gl.arange(0, BN, layout=one))
-    return (x - I2F_MAGIC) * a[:, None] + gl.convert_layout(b, scol)[None, :]
+def _with_key_term(x, a, b_tile, scol: gl.constexpr):
+    """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of the key tile
+    (one rounding; masked keys stay -inf). ``b_tile``: the tile's ``BN`` terms in shared memory, brought by TMA with
+    its K/V slot (:func:`_load_kv`); each thread reads the columns it holds."""
+    return (x - I2F_MAGIC) * a[:, None] + b_tile.load(scol)[None, :]
 
 
 @gluon.jit
@@ -113,17 +112,55 @@ def _row_peaks(x, a, SCALED: gl.constexpr):
 @gluon.jit
 def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr,
                       PV_FP8: gl.constexpr):
-    """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED``: ``x`` is already in doublings
-    (with the key term), so ``a`` is not applied, else ``x`` is :func:`_scores`."""
+    """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED`` (Schraudolph only): ``x`` is
+    already in doublings (with the key term), so ``a`` is not applied, else ``x`` is :func:`_scores`."""
     xmax = _row_peaks(x, a, SCALED)
     if SCALED:
-        if EXP2 == EXP2_HW:
-            p = gl.exp2(x - (m - SIGMA)[:, None])
-        else:
-            p = gl.maximum(x * GRID + c[:, None], MAGIC)
+        gl.static_assert(EXP2 == EXP2_SCHRAUDOLPH, "the exact exponential folds the key term (_tile_stage_a)")
+        p = gl.maximum(x * GRID + c[:, None], MAGIC)
     else:
         p = _stage_a(x, a, c, m, EXP2, SIGMA, PV_FP8)
     return xmax, p
+
+
+@gluon.jit
+def _tile_stage_a(x, a, c, m, b_tile, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, SIGMA: gl.constexpr,
+                  PV_FP8: gl.constexpr, scol: gl.constexpr):
+    """``(xmax, p, keep)`` of one key tile from its biased scores ``x`` (:func:`_scores`): :func:`_gate_and_stage_a`,
+    and with Q smoothing's key term (``HAS_BIAS``; ``b_tile`` the tile's terms in shared memory, sm90_numerics
+    difference 12) under ``EXP2_HW`` Stage-A's argument ``z = fma(Xb, a, -k) + b_j`` (``k`` as without the term: two
+    roundings, both at the argument's magnitude; one FMA and one add per score) with the row peaks
+    ``max(z) + (m - SIGMA)``, under Schraudolph the scores in doublings (:func:`_with_key_term`) first. ``keep``: what
+    a rollback's Stage-A starts from (:func:`_stage_a_again`): the scores in doublings, or ``x`` (nothing with the
+    folded term: a rollback scales ``p``)."""
+    if HAS_BIAS:
+        if EXP2 == EXP2_HW:
+            m2 = m - SIGMA
+            z = _fma_rows(x, a, -gl.fma(a, I2F_MAGIC, m2)) + b_tile.load(scol)[None, :]
+            xmax = gl.max(z, axis=1) + m2
+            p = gl.exp2(z)
+            keep = m2  # not read
+        else:
+            keep = _with_key_term(x, a, b_tile, scol)
+            xmax, p = _gate_and_stage_a(keep, a, c, m, EXP2, True, SIGMA, PV_FP8)
+    else:
+        keep = x
+        xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, False, SIGMA, PV_FP8)
+    return xmax, p, keep
+
+
+@gluon.jit
+def _stage_a_again(keep, p, a, c, m, shift, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, SIGMA: gl.constexpr,
+                   PV_FP8: gl.constexpr):
+    """Stage-A of a rolled-back tile under the new references ``m`` (``c`` their constants) from
+    :func:`_tile_stage_a`'s ``keep``; with the folded key term (``EXP2_HW``) the tile's ``p`` times ``2^-shift``,
+    ``shift`` the rows' step of the reference (an integer number of doublings, 0 on the rows that did not fire: an
+    exact scaling), else Stage-A redone."""
+    if HAS_BIAS and EXP2 == EXP2_HW:
+        p = p * gl.exp2(-shift)[:, None]
+    else:
+        p = _gate_and_stage_a(keep, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)[1]
+    return p
 
 
 @gluon.jit
@@ -217,12 +254,18 @@ def _issue_pv(pa, ones, v_tile, o, lacc, zero_o, zero_l, PV_FP8: gl.constexpr):
 
 
 @gluon.jit
-def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, BN: gl.constexpr,
-             PV_FP8: gl.constexpr):
-    """K8 and V (V16 rows, or ``PV_FP8`` V8T columns) of key tile ``tile`` into ``slot``, on the slot's one
-    mbarrier."""
+def _load_kv(k_desc, v_desc, b_desc, k_smem, v_smem, b_smem, kvbar, slot, tile, bh, SKP, pred, BN: gl.constexpr,
+             PV_FP8: gl.constexpr, HAS_BIAS: gl.constexpr):
+    """K8 and V (V16 rows, or ``PV_FP8`` V8T columns) of key tile ``tile`` into ``slot``, and with ``HAS_BIAS`` the
+    tile's key terms, on the slot's one mbarrier."""
     D: gl.constexpr = k_smem.shape[2]
-    mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
+    if HAS_BIAS:
+        mbarrier.expect(kvbar.index(slot),
+                        k_desc.block_type.nbytes + v_desc.block_type.nbytes + b_desc.block_type.nbytes, pred=pred)
+        tma.async_copy_global_to_shared(b_desc, [bh * SKP + tile * BN], kvbar.index(slot), b_smem.index(slot),
+                                        pred=pred)
+    else:
+        mbarrier.expect(kvbar.index(slot), k_desc.block_type.nbytes + v_desc.block_type.nbytes, pred=pred)
     tma.async_copy_global_to_shared(k_desc, [bh * SKP + tile * BN, 0], kvbar.index(slot), k_smem.index(slot),
                                     pred=pred)
     if PV_FP8:
@@ -236,7 +279,8 @@ def _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, slot, tile, bh, SKP, pred, B
 @gluon.jit
 def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.constexpr, MASK: gl.constexpr,
               DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, PV_FP8: gl.constexpr,
-              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
+              SIGMA: gl.constexpr, qs, ones, k_smem, v_smem, b_smem, kvbar, empty, k_desc, v_desc, b_desc, KS_row, qsc,
+              zero_s,
               zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
               p_layout: gl.constexpr, scol: gl.constexpr, orow: gl.constexpr, lrow: gl.constexpr):
     """Visit ``j`` of the key loop (:func:`_consumer`): issue S_j, l and O of tile j-1, gate, Stage-A, refill, rare
@@ -261,9 +305,8 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
     x = _scores(s)
     if MASK:
         x = _mask_tail(x, t, n_keys, BN, scol)
-    if HAS_BIAS:  # scores in doublings with Q smoothing's key term
-        x = _with_key_term(x, a, BIAS, bh, SKP, t, BN, scol)
-    xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)  # xmax: the row peaks in doublings
+    # xmax: the row peaks in doublings (with Q smoothing's key term where HAS_BIAS)
+    xmax, p, keep = _tile_stage_a(x, a, c, m, b_smem.index(slot), EXP2, HAS_BIAS, SIGMA, PV_FP8, scol)
     low = xmax < lo
     fire = (xmax > m + CAP) | (low & low_before)
     low_before = low
@@ -276,21 +319,24 @@ def _key_step(j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG: gl.const
     mbarrier.arrive(empty.index(prev))
     if WG == 1:
         mbarrier.wait(empty.index(prev), ((j - 1) // STAGES) & 1)
-        _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, prev, _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL),
-                 bh, SKP, j - 1 + STAGES < n_tiles, BN, PV_FP8)
+        _load_kv(k_desc, v_desc, b_desc, k_smem, v_smem, b_smem, kvbar, prev,
+                 _key_tile(j - 1 + STAGES, j0, n_tiles, DIAGONAL), bh, SKP, j - 1 + STAGES < n_tiles, BN, PV_FP8,
+                 HAS_BIAS)
     if anyfire:  # rare rollback (per warp): new reference for the fired rows, O and l rescaled, Stage-A redone
+        m_gate = m
         m, m_high, lo, c, down = _rollback_reference(fire, xmax, m, m_high, c, FLOOR, GRID)
         lacc = lacc * gl.convert_layout(down, lrow, assert_trivial=True)[:, None]
         o = o * gl.convert_layout(down, orow, assert_trivial=True)[:, None]
         nfired = _record_rollback(nfired, fire, row_ok, FLAGS, NKW, bh, SQP, pid_m, t, rows)
-        p = _gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)[1]
+        p = _stage_a_again(keep, p, a, c, m, m - m_gate, EXP2, HAS_BIAS, SIGMA, PV_FP8)
     return o, lacc, m, m_high, lo, low_before, c, nfired, _p_words(p, p_layout, BM, BN, EXP2, PV_FP8)
 
 
 @gluon.jit
 def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr,
-              PV_FP8: gl.constexpr, SIGMA: gl.constexpr, q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem,
-              onesbar, k_desc, v_desc, QS, KS, BIAS, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0,
+              PV_FP8: gl.constexpr, SIGMA: gl.constexpr, q_smem, qbar, k_smem, v_smem, b_smem, kvbar, empty,
+              ones_smem, onesbar, k_desc, v_desc, b_desc, QS, KS, VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h,
+              n_keys, j0,
               sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE, CAP, FLOOR, M_OFFSET):
     """One warpgroup: rows ``pid_m * 128 + WG * 64 + [0, 64)`` against every key tile of (batch, head) ``bh``
     (``kernels.sm90.fused_attention_gluon_pingpong._consumer``'s loop with INT8 scores, BF16 or ``PV_FP8`` P/V)."""
@@ -342,14 +388,17 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         s = warpgroup_mma_wait(0, deps=(s,))
         a = qsc * gl.load(KS_row + j0)
         x = _mask_tail(_scores(s), j0, n_keys, BN, scol)
-        if HAS_BIAS:
-            x = _with_key_term(x, a, BIAS, bh, SKP, j0, BN, scol)
-        m = gl.ceil(_row_peaks(x, a, HAS_BIAS) * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
+        if HAS_BIAS:  # the first tile's peaks from the scores in doublings, fma(S, a, b_j)
+            peaks = _row_peaks(_with_key_term(x, a, b_smem.index(0), scol), a, True)
+        else:
+            peaks = _row_peaks(x, a, False)
+        m = gl.ceil(peaks * 128.0) * (1.0 / 128.0) + M_OFFSET  # the frozen reference (Algorithm 1)
         m_high = m
         lo = _lowering_trigger(m, m_high, FLOOR)
         low_before = m != m
         c = (MAGIC + D_BITS) - GRID * m  # exact: m is on the 1/128 grid
-        pw = _p_words(_gate_and_stage_a(x, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)[1], p_layout, BM, BN, EXP2, PV_FP8)
+        p = _tile_stage_a(x, a, c, m, b_smem.index(0), EXP2, HAS_BIAS, SIGMA, PV_FP8, scol)[1]
+        pw = _p_words(p, p_layout, BM, BN, EXP2, PV_FP8)
         # the loop runs the full key tiles; in the natural order a partial last tile is peeled off and masked after
         # it, so the loop carries no mask (with DIAGONAL the partial tile comes mid-way: every visit checks)
         n_loop = n_tiles
@@ -359,14 +408,14 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
         for j in range(1, n_loop):
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 j, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, DIAGONAL, DIAGONAL, EXP2, HAS_BIAS, PV_FP8,
-                SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s, zero_o,
-                zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR, p_layout, scol,
-                orow, lrow)
+                SIGMA, qs, ones, k_smem, v_smem, b_smem, kvbar, empty, k_desc, v_desc, b_desc, KS_row, qsc, zero_s,
+                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+                p_layout, scol, orow, lrow)
         if n_tiles > 1 and n_loop < n_tiles:  # the partial last tile, masked
             o, lacc, m, m_high, lo, low_before, c, nfired, pw = _key_step(
                 n_tiles - 1, o, lacc, m, m_high, lo, low_before, c, nfired, pw, WG, True, DIAGONAL, EXP2, HAS_BIAS,
-                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, kvbar, empty, k_desc, v_desc, KS_row, BIAS, qsc, zero_s,
-                zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
+                PV_FP8, SIGMA, qs, ones, k_smem, v_smem, b_smem, kvbar, empty, k_desc, v_desc, b_desc, KS_row, qsc,
+                zero_s, zero_o, zero_l, rows, row_ok, FLAGS, NKW, pid_m, bh, n_keys, n_tiles, j0, SQP, SKP, CAP, FLOOR,
                 p_layout, scol, orow, lrow)
         last = (n_tiles - 1) % STAGES
         ov, lv = _issue_pv(_words_to_p(pw, p_layout, BM, BN, PV_FP8), ones, v_smem.index(last), o, lacc, zero_o,
@@ -397,7 +446,7 @@ def _consumer(WG: gl.constexpr, DIAGONAL: gl.constexpr, EXP2: gl.constexpr, HAS_
 
 
 @gluon.jit(do_not_specialize=["SK"])  # S_k = 1 as a constant breaks the peeled loop's lowering
-def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS, VS, TSEL, OUT, LSE, STATS, FLAGS,
+def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, b_desc, QS, KS, VS, TSEL, OUT, LSE, STATS, FLAGS,
                                  NKW, KVL, sob, soh, sos, sod, H, SQ, SK, SQP, SKP, D: gl.constexpr, BN: gl.constexpr,
                                  HAS_KVL: gl.constexpr, WRITE_LSE: gl.constexpr, CAP: gl.constexpr,
                                  FLOOR: gl.constexpr, STAGES: gl.constexpr, REGS: gl.constexpr,
@@ -416,8 +465,9 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
     DIAGONAL, M_OFFSET, CAP, FLOOR : as
         :func:`kernels.sm90.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
-    BIAS, HAS_BIAS : Q smoothing's per-key term (B*H*SKP) fp32 in doublings, added to the scores as
-        ``fma(S_j, a_j, b_j)`` before the gate and Stage-A (sm90_numerics difference 12).
+    b_desc, HAS_BIAS : of Q smoothing's per-key term (B*H*SKP) fp32 in doublings, block (BN), brought with each K/V
+        slot and added before the gate and Stage-A (:func:`_tile_stage_a`, sm90_numerics difference 12); without
+        ``HAS_BIAS`` any fp32 descriptor of that block (not read).
     TSEL, TERM_SEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch. The host launches the kernel twice,
         ``HAS_BIAS`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``HAS_BIAS`` returns before
         any work, so a slice the switch leaves out runs the loop without the key term.
@@ -443,6 +493,10 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
         else:
             v_smem = gl.allocate_shared_memory(gl.bfloat16, [STAGES, BN, D], v_desc.layout)
             ones_smem = gl.allocate_shared_memory(gl.bfloat16, [ONES_N, BN], ones_desc.layout)
+        if HAS_BIAS:
+            b_smem = gl.allocate_shared_memory(gl.float32, [STAGES, BN], b_desc.layout)
+        else:
+            b_smem = k_smem  # not read
         qbar = gl.allocate_shared_memory(gl.int64, [2, 1], mbarrier.MBarrierLayout())
         kvbar = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
         empty = gl.allocate_shared_memory(gl.int64, [STAGES, 1], mbarrier.MBarrierLayout())
@@ -462,12 +516,12 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, QS, KS, BIAS
         mbarrier.expect(onesbar.index(0), ones_desc.block_type.nbytes, pred=n_tiles > 0)
         tma.async_copy_global_to_shared(ones_desc, [0, 0], onesbar.index(0), ones_smem, pred=n_tiles > 0)
         for i in gl.static_range(STAGES):
-            _load_kv(k_desc, v_desc, k_smem, v_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL), bh, SKP,
-                     i < n_tiles, BN, PV_FP8)
+            _load_kv(k_desc, v_desc, b_desc, k_smem, v_smem, b_smem, kvbar, i, _key_tile(i, j0, n_tiles, DIAGONAL),
+                     bh, SKP, i < n_tiles, BN, PV_FP8, HAS_BIAS)
 
-        args = (q_smem, qbar, k_smem, v_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, QS, KS, BIAS, VS,
-                OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP, WRITE_LSE,
-                CAP, FLOOR, M_OFFSET)
+        args = (q_smem, qbar, k_smem, v_smem, b_smem, kvbar, empty, ones_smem, onesbar, k_desc, v_desc, b_desc, QS, KS,
+                VS, OUT, LSE, STATS, FLAGS, NKW, pid_m, bh, b, h, n_keys, j0, sob, soh, sos, sod, SQ, SQP, SKP,
+                WRITE_LSE, CAP, FLOOR, M_OFFSET)
         gl.warp_specialize([(_consumer, (gl.constexpr(0), DIAGONAL, EXP2, HAS_BIAS, PV_FP8, SIGMA) + args),
                             (_consumer, (gl.constexpr(1), DIAGONAL, EXP2, HAS_BIAS, PV_FP8, SIGMA) + args)], [4],
                            [REGS])

@@ -27,6 +27,9 @@ EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # partition (setmaxnreg; 256, gluon_pingpong's, ran whole calls 1-7% slower on the H100, outputs the same).
 INT8_STAGES = 4
 INT8_WORKER_REGS = 240
+# The worker's registers in the launch with Q smoothing's key term: no spills in its key loop (offline sm_90a: at 240
+# 64 B spilled there, 9 loads and 7 stores per key tile; at 248 2 local-memory instructions).
+INT8_TERM_WORKER_REGS = 256
 #: The V formats of the INT8 kernel (plan.INT8_KERNEL_PV_FORMATS): BF16 V (with BF16 P), E4M3 V with one scale per
 #: channel (FP8 P).
 INT8_V_FORMATS = tuple(dict.fromkeys(VFormat(v) for _, v in INT8_KERNEL_PV_FORMATS))
@@ -84,7 +87,8 @@ def prepass_int8(q, k, v, scale: float, kv_lens=None, signs: bool = True, smooth
 
 def attention_int8_from_operands(ops: Int8Operands, out, s_q: int, s_k: int, kv_lens=None, lse=None, stats=None,
                                  cap=32.0, floor=math.inf, diagonal=False, m_offset=0.0, exp2=0, pv_fp8=False,
-                                 sigma=0.0, stages=INT8_STAGES, regs=INT8_WORKER_REGS):
+                                 sigma=0.0, stages=INT8_STAGES, regs=INT8_WORKER_REGS,
+                                 term_regs=INT8_TERM_WORKER_REGS):
     """Launch the kernel on :func:`prepass_int8`'s operands, writing ``out`` (B, H, S_q, D view, any strides);
     ``exp2``: Stage-A's exponential (:data:`EXP2_MODE`'s values); ``pv_fp8``, ``sigma``: FP8 P and V (``ops.v`` in
     E4M3) with P carried as ``P 2^sigma``, which the kernel computes with the exact exponential only, ``sigma`` =
@@ -112,15 +116,18 @@ def attention_int8_from_operands(ops: Int8Operands, out, s_q: int, s_k: int, kv_
         v_desc = tma_desc(ops.v.view(b * h * skp, d), [KEY_TILE, d], "bfloat16")
         ones_desc = tma_desc(_ones_tile(ops.q8.device, torch.bfloat16), [ONES_N.value, KEY_TILE], "bfloat16")
     bias, qs = ops.bias, ops.qs
+    # the key terms per key tile, brought with K/V (without the term any fp32 descriptor of that block: Q's scales)
+    b_desc = tma_desc((bias if bias is not None else qs).reshape(-1), [KEY_TILE], "float32")
     q_sel = ops.q_sel if bias is not None else None
     for has_bias in ((False, True) if q_sel is not None else (bias is not None,)):
         fsattn_fwd_gluon_int8_kernel[(sqp // 128, b * h)](
-            q_desc, k_desc, v_desc, ones_desc, qs, ops.ks, bias if bias is not None else qs,
+            q_desc, k_desc, v_desc, ones_desc, b_desc, qs, ops.ks,
             ops.vs if pv_fp8 else qs, q_sel if q_sel is not None else stats, out, lse if lse is not None else stats,
             stats, tile_bits if nkw else stats, nkw, kv_lens if kv_lens is not None else stats, *out.stride(), h, s_q,
             s_k, sqp, skp,
             D=d, BN=KEY_TILE, HAS_KVL=kv_lens is not None, WRITE_LSE=lse is not None, CAP=float(cap),
-            FLOOR=float(floor), STAGES=stages, REGS=regs, DIAGONAL=diagonal, M_OFFSET=float(m_offset), EXP2=int(exp2),
+            FLOOR=float(floor), STAGES=stages, REGS=term_regs if has_bias else regs, DIAGONAL=diagonal,
+            M_OFFSET=float(m_offset), EXP2=int(exp2),
             HAS_BIAS=has_bias, TERM_SEL=q_sel is not None, PV_FP8=bool(pv_fp8), SIGMA=float(sigma), num_warps=4)
     count_rollback_tiles(stats, tile_bits)
     return out
