@@ -129,6 +129,23 @@ def test_the_pick_line_names_a_recipe_for_both_only_when_it_meets_sageattention_
                                                "gaussian).")
 
 
+def test_the_pick_line_says_each_pick_s_speed_on_the_bench_s_other_inputs_without_picking_on_them():
+    from fsattn_diffusers.measure.results_tables import _pick_line
+
+    def shape(fast_x, acc_x):
+        return {"sageattention": {"rel_err": 0.04}, "mxfp8": {"speedup_vs_sage": fast_x, "rel_err": 0.05},
+                "int8-bf16": {"speedup_vs_sage": acc_x, "rel_err": 0.02}}
+
+    gaussian = {(1,): shape(1.1, 1.02), (2,): shape(1.2, 1.01)}
+    offset = {"offset_uniform_q": {(1,): shape(0.5, 0.9), (2,): shape(0.6, 0.8)}}
+    line = " ".join(_pick_line(gaussian, None, offset))
+    print(line)
+    assert "for speed **mxfp8** (1.100x-1.200x SageAttention 2, error 5.00%; on `offset_uniform_q` 0.500x-0.600x " \
+           "SageAttention 2)" in line
+    assert line.endswith("**int8-bf16** (1.010x-1.020x SageAttention 2, error 2.00%; on `offset_uniform_q` "
+                         "0.800x-0.900x SageAttention 2).")
+
+
 def test_commit_outside_git_comes_from_the_environment(monkeypatch):
     """A copy without .git (the device's) records the commit its caller sent in FSATTN_COMMIT, else None."""
     import subprocess
@@ -205,7 +222,8 @@ def test_the_speed_tables_keep_each_input_family_of_a_shape_apart(tmp_path):
     print("\n".join(speed))
     assert speed[2].startswith("| paper (1, 24, 32768, 128) | **mxfp8** | 10.00 | 15.00 | 14.00 | - | 12.00 | ")
     assert speed[2].endswith(" | 5.68 |") and len(speed) > 3 and not speed[3].startswith("|")
-    assert "sageattention 3.88" in speed[3] and "(1.200x SageAttention 2, error 5.68%)" in " ".join(speed)
+    picked = "(1.200x SageAttention 2, error 5.68%; on `offset_uniform_q` 0.625x SageAttention 2)"
+    assert "sageattention 3.88" in speed[3] and picked in " ".join(speed)
 
     inputs = results_tables.speed_structured_inputs(root)
     print("\n".join(inputs))

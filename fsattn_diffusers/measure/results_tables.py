@@ -120,7 +120,9 @@ def speed(root: str = ROOT) -> List[str]:
     tiers = {n: load(n, root) for n in dict.fromkeys(n for _, n in TIER_ROWS)}
     structured = {rec: sage_error_ratios(tiers[n]["result"]["cases"], rec) for rec, n in TIER_ROWS}
     e2e = load(E2E_HOPPER_FILE, root)
-    return (_table(header, rows) + note + _pick_line(by_shape, structured) + _e2e_line(e2e["summary"])
+    families = dict.fromkeys(r.get("inputs", "gaussian") for r in doc["results"])
+    other = {f: _rows_by_shape(doc, f) for f in families if f != "gaussian"}
+    return (_table(header, rows) + note + _pick_line(by_shape, structured, other) + _e2e_line(e2e["summary"])
             + _provenance([_source(name, doc)] + [_source(n, d) for n, d in tiers.items()]
                           + [_source(E2E_HOPPER_FILE, e2e)]))
 
@@ -199,14 +201,16 @@ def sage_error_ratios(cases: List[Dict], rec: str) -> Dict[str, float]:
     return sage_ratio_summary([(c["columns"][rec]["err"] / c["columns"]["sage"]["err"], c["family"]) for c in cases])
 
 
-def _pick_line(by_shape: Dict[tuple, Dict[str, Dict]], structured: Optional[Dict[str, Dict[str, float]]] = None
-               ) -> List[str]:
+def _pick_line(by_shape: Dict[tuple, Dict[str, Dict]], structured: Optional[Dict[str, Dict[str, float]]] = None,
+               other_inputs: Optional[Dict[str, Dict[tuple, Dict[str, Dict]]]] = None) -> List[str]:
     """Which recipe of the table a Hopper user picks for speed (the highest ratio over SageAttention 2 at its slowest
     shape), for quality (the lowest error at its worst shape) and for both (at least SageAttention 2's speed at every
     shape, at its accuracy), with the ranges behind each. At its accuracy: within :data:`AT_SAGE_ACCURACY` on the
     structured suite where ``structured`` (recipe -> :func:`sage_error_ratios`) has the recipe, else at most its error
-    on the bench's inputs at every shape."""
+    on the bench's inputs at every shape. ``other_inputs`` (family -> :func:`_rows_by_shape`, the same bench's other
+    input families) adds each named recipe's speed over SageAttention 2 there; the picks are made on ``by_shape``."""
     structured = structured or {}
+    other_inputs = other_inputs or {}
     stats = {}
     for rec in SPEED_RECIPES:
         rows = [(m[rec], m.get("sageattention")) for m in by_shape.values() if rec in m]
@@ -228,6 +232,10 @@ def _pick_line(by_shape: Dict[tuple, Dict[str, Dict]], structured: Optional[Dict
         x, e, _ = stats[rec]
         extra = (f"; structured inputs {structured[rec]['geomean']:.3f}x its error in the geometric mean, "
                  f"{structured[rec]['gaussian']:.2f}x on gaussian" if rec in structured else "")
+        for family, shapes in other_inputs.items():
+            there = [m[rec]["speedup_vs_sage"] for m in shapes.values() if m.get(rec, {}).get("speedup_vs_sage")]
+            if there:
+                extra += f"; on `{family}` {span(there, '{:.3f}x')} SageAttention 2"
         return f"**{rec}** ({span(x, '{:.3f}x')} SageAttention 2, error {span(e, '{:.2f}')}%{extra})"
 
     fast = max(stats, key=lambda r: min(stats[r][0]))
