@@ -85,9 +85,19 @@ def _rows_by_shape(doc: Dict, inputs: str) -> Dict[tuple, Dict[str, Dict]]:
     """
     by_shape: Dict[tuple, Dict[str, Dict]] = {}
     for r in doc["results"]:
-        if r.get("inputs", "gaussian") == inputs:
+        if _family(r) == inputs:
             by_shape.setdefault(tuple(r["shape"][:3] + r["shape"][4:]), {})[r["method"]] = r
     return by_shape
+
+
+def _family(row: Dict) -> str:
+    """A bench row's input family: its ``inputs``, gaussian for rows without one (files from before ``--inputs``)."""
+    return row.get("inputs", "gaussian")
+
+
+def _structured_families(doc: Dict) -> List[str]:
+    """The input families of a bench result other than gaussian, in the file's order."""
+    return [f for f in dict.fromkeys(_family(r) for r in doc["results"]) if f != "gaussian"]
 
 
 def speed(root: str = ROOT) -> List[str]:
@@ -120,8 +130,7 @@ def speed(root: str = ROOT) -> List[str]:
     tiers = {n: load(n, root) for n in dict.fromkeys(n for _, n in TIER_ROWS)}
     structured = {rec: sage_error_ratios(tiers[n]["result"]["cases"], rec) for rec, n in TIER_ROWS}
     e2e = load(E2E_HOPPER_FILE, root)
-    families = dict.fromkeys(r.get("inputs", "gaussian") for r in doc["results"])
-    other = {f: _rows_by_shape(doc, f) for f in families if f != "gaussian"}
+    other = {f: _rows_by_shape(doc, f) for f in _structured_families(doc)}
     return (_table(header, rows) + note + _pick_line(by_shape, structured, other) + _e2e_line(e2e["summary"])
             + _provenance([_source(name, doc)] + [_source(n, d) for n, d in tiers.items()]
                           + [_source(E2E_HOPPER_FILE, e2e)]))
@@ -143,7 +152,7 @@ def speed_structured_inputs(root: str = ROOT) -> List[str]:
     """
     name = SPEED_FILE
     doc = load(name, root)
-    families = [f for f in dict.fromkeys(r.get("inputs", "gaussian") for r in doc["results"]) if f != "gaussian"]
+    families = _structured_families(doc)
     rows = []
     for family in families:
         label = f"{family} ({DESCRIPTIONS[family]})" if family in DESCRIPTIONS else family
