@@ -4,8 +4,9 @@
 #   OUT=$OUT bash scripts/gpu_suite_h200.sh [tests|fuzz|bench|power|all ...] [-- flags for the one part's command]
 # Parts (about):
 #   tests  the GPU tests of both kernel families: tests/test_kernel_gpu.py, test_kernel_frozen_reference_gpu.py,
-#          test_kernel_key_term_gpu.py, test_kernel_prepass_gpu.py, test_bench_gpu.py, test_kernel_int8_gpu.py and
-#          test_prepass_int8_kernel.py (TEST_FILES overrides the list; -s: one line per case), one pytest process
+#          test_kernel_key_term_gpu.py, test_kernel_prepass_gpu.py, test_kernel_promotion_gpu.py, test_bench_gpu.py,
+#          test_kernel_int8_gpu.py and test_prepass_int8_kernel.py (every GPU kernel test file but the fuzz's;
+#          TEST_FILES overrides the list; -s: one line per case), one pytest process
 #          per file side by side on the GPU (each cut at LIMIT, default 560 s) -> gpu_tests_h200.txt, file by
 #          file (~5 min). The CPU tests are CI's (.ci/run); the device lacks the package's CPU-side dependencies
 #          (imageio, ...), so they are not run here.
@@ -161,7 +162,8 @@ for part in "${PARTS[@]}"; do
   case $part in
     tests)
       default="tests/test_kernel_gpu.py tests/test_kernel_frozen_reference_gpu.py tests/test_kernel_key_term_gpu.py
-        tests/test_kernel_prepass_gpu.py tests/test_bench_gpu.py tests/test_kernel_int8_gpu.py tests/test_prepass_int8_kernel.py"
+        tests/test_kernel_prepass_gpu.py tests/test_kernel_promotion_gpu.py tests/test_bench_gpu.py
+        tests/test_kernel_int8_gpu.py tests/test_prepass_int8_kernel.py"
       read -ra files <<< "$(echo ${TEST_FILES:-$default})"
       run_logged gpu_tests_h200.txt test_files_side_by_side "${files[@]}" ;;
     fuzz)
