@@ -170,6 +170,22 @@ def test_the_end_to_end_line_ranks_our_policies_against_sage_only():
     assert line.endswith("**mxfp8** 1.080x, **int8-fp8** 0.900x.")
     assert "fa3-fp8" not in line and "bf16" not in line
     assert results_tables._e2e_line({"sage": {"speedup_vs": {"sage": 1.0}}}) == []
+    with_run = results_tables._e2e_line(summary, [("hybrid-int8-mxfp8", 10, 1.0622)])[-1]
+    print(with_run)
+    assert with_run.endswith("**int8-fp8** 0.900x; **hybrid-int8-mxfp8** 1.062x over a real 10-step run "
+                             "(the hybrid table below).")
+
+
+def test_the_scheduled_runs_against_sage_are_those_of_the_committed_files():
+    runs, sources = results_tables._scheduled_against_sage(results_tables.ROOT)
+    print(runs, sources)
+    for policy, steps, x in runs:
+        name = next(n for _, n, p in results_tables.HYBRID_RUNS if p == policy)
+        doc = results_tables.load(name)
+        assert steps == len(doc["schedules"][policy]["plan"])
+        assert abs(x - doc["summary"]["sage"]["step_s"] / doc["summary"][policy]["step_s"]) < 1e-9
+    assert [p for p, _, _ in runs] == [p for _, n, p in results_tables.HYBRID_RUNS
+                                         if "sage" in results_tables.load(n)["summary"]]
 
 
 def _bench_root(tmp_path, rows):
