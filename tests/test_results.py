@@ -8,11 +8,11 @@ import os
 
 import pytest
 
-from fsattn_diffusers.measure import provenance, results_tables
+from fsattn_diffusers.measure import e2e_tables, provenance, result_files, results_tables
 from fsattn_diffusers.recipe import Recipe
 
-ROOT = results_tables.ROOT
-JSONS = sorted(glob.glob(os.path.join(ROOT, results_tables.RESULTS, "**", "*.json"), recursive=True))
+ROOT = result_files.ROOT
+JSONS = sorted(glob.glob(os.path.join(ROOT, result_files.RESULTS, "**", "*.json"), recursive=True))
 #: Files whose rows are no fsattn recipe's (softmax interventions on stock attention): nothing to record.
 NO_RECIPE_ROWS = {"sensitivity_attention_wan22_h200.json", "sensitivity_tiny_cpu.json"}
 RECIPE_FIELDS = {f.name for f in dataclasses.fields(Recipe)}
@@ -61,7 +61,7 @@ def test_every_row_carries_a_full_recipe_and_the_numerics_computed(path):
 @pytest.mark.parametrize("path", JSONS, ids=os.path.basename)
 def test_every_result_file_names_device_date_commit_and_command(path):
     with open(path) as fh:
-        meta = results_tables._meta(json.load(fh))
+        meta = result_files.meta(json.load(fh))
     assert meta.get("date"), f"{path}: no date"
     assert meta.get("commit"), f"{path}: no commit"
     assert meta.get("device") or meta.get("devices"), f"{path}: no device"
@@ -165,38 +165,38 @@ def test_the_end_to_end_line_ranks_our_policies_against_sage_only():
     summary = {"bf16": {"speedup_vs": {"sage": 0.8}}, "sage": {"speedup_vs": {"sage": 1.0}},
                "fa3-fp8": {"speedup_vs": {"sage": 1.06}}, "int8-fp8": {"speedup_vs": {"sage": 0.9}},
                "mxfp8": {"speedup_vs": {"sage": 1.08}}, "int8-bf16": {"speedup_vs": {}}}
-    line = results_tables._e2e_line(summary)[-1]
+    line = e2e_tables.e2e_line(summary)[-1]
     print(line)
     assert line.endswith("**mxfp8** 1.080x, **int8-fp8** 0.900x.")
     assert "fa3-fp8" not in line and "bf16" not in line
-    assert results_tables._e2e_line({"sage": {"speedup_vs": {"sage": 1.0}}}) == []
-    with_run = results_tables._e2e_line(summary, [("hybrid-int8-mxfp8", 10, 1.0622)])[-1]
+    assert e2e_tables.e2e_line({"sage": {"speedup_vs": {"sage": 1.0}}}) == []
+    with_run = e2e_tables.e2e_line(summary, [("hybrid-int8-mxfp8", 10, 1.0622)])[-1]
     print(with_run)
     assert with_run.endswith("**int8-fp8** 0.900x; **hybrid-int8-mxfp8** 1.062x over a real 10-step run "
                              "(the hybrid table below).")
 
 
 def test_the_scheduled_runs_against_sage_are_those_of_the_committed_files():
-    runs, sources = results_tables._scheduled_against_sage(results_tables.ROOT)
+    runs, sources = e2e_tables.scheduled_against_sage(result_files.ROOT)
     print(runs, sources)
     for policy, steps, x in runs:
-        name = next(n for _, n, p in results_tables.HYBRID_RUNS if p == policy)
-        doc = results_tables.load(name)
+        name = next(n for _, n, p in e2e_tables.HYBRID_RUNS if p == policy)
+        doc = result_files.load(name)
         assert steps == len(doc["schedules"][policy]["plan"])
         assert abs(x - doc["summary"]["sage"]["step_s"] / doc["summary"][policy]["step_s"]) < 1e-9
-    assert [p for p, _, _ in runs] == [p for _, n, p in results_tables.HYBRID_RUNS
-                                         if "sage" in results_tables.load(n)["summary"]]
+    assert [p for p, _, _ in runs] == [p for _, n, p in e2e_tables.HYBRID_RUNS
+                                         if "sage" in result_files.load(n)["summary"]]
 
 
 def _bench_root(tmp_path, rows):
     """A repository root whose ``benchmarks/results/`` holds a bench file of ``rows`` (``fsattn bench --json``) and
     the smallest files of the other sources :func:`results_tables.speed` reads (:data:`~results_tables.TIER_ROWS`,
-    :data:`~results_tables.E2E_HOPPER_FILE`)."""
-    folder = tmp_path / results_tables.RESULTS
+    :data:`~e2e_tables.E2E_HOPPER_FILE`)."""
+    folder = tmp_path / result_files.RESULTS
     folder.mkdir(parents=True)
     meta = {"device": "NVIDIA H100 80GB HBM3", "date": "2026-12-07T00:00:00+00:00", "commit": "abc1234"}
     docs = {results_tables.SPEED_FILE: {"environment": meta, "results": rows},
-            results_tables.E2E_HOPPER_FILE: {"meta": meta, "summary": {"sage": {"speedup_vs": {"sage": 1.0}}}}}
+            e2e_tables.E2E_HOPPER_FILE: {"meta": meta, "summary": {"sage": {"speedup_vs": {"sage": 1.0}}}}}
     columns = {rec: {"err": 0.03} for rec, _ in results_tables.TIER_ROWS}
     for _, name in results_tables.TIER_ROWS:
         docs[name] = {"meta": meta, "result": {"cases": [{"family": "gaussian",
@@ -224,7 +224,7 @@ def test_the_speed_tables_keep_each_input_family_of_a_shape_apart(tmp_path):
     """A bench run with ``--inputs gaussian,offset_uniform_q``: the speed table and its grouping take the gaussian rows
     (rows without ``inputs`` included), speed_inputs the offset rows, each with SageAttention 2 on the same inputs."""
     root = _bench_root(tmp_path, GAUSSIAN_ROWS + OFFSET_ROWS)
-    doc = results_tables.load(results_tables.SPEED_FILE, root)
+    doc = result_files.load(results_tables.SPEED_FILE, root)
     gaussian = results_tables._rows_by_shape(doc, "gaussian")
     offset = results_tables._rows_by_shape(doc, "offset_uniform_q")
     print({k: {m: (r["ms"], r["rel_err"]) for m, r in v.items()} for k, v in gaussian.items()})
@@ -256,4 +256,4 @@ def test_the_structured_speed_table_says_when_the_bench_ran_gaussian_inputs_only
     assert lines[0] == "The speed file (bench_h100.json) has no runs on structured inputs."
     assert lines[1:] == ["", "Source: [bench_h100.json](benchmarks/results/bench_h100.json) (NVIDIA H100 80GB HBM3, "
                              "2026-12-07, abc1234)."]
-    assert results_tables._rows_by_shape(results_tables.load(results_tables.SPEED_FILE, root), "offset_uniform_q") == {}
+    assert results_tables._rows_by_shape(result_files.load(results_tables.SPEED_FILE, root), "offset_uniform_q") == {}

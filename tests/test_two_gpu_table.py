@@ -1,13 +1,13 @@
 """The README's two-GPU table from the files scripts/scaling_h200x2.sh writes: one file per framework and mode, any
 policies (sage, the INT8 tiers, a projected step-scheduled policy), a policy the framework does not run in a mode
-and a quantized output outside the rule, rendered by ``results_tables.two_gpus`` from the runs (synthetic numbers)."""
+and a quantized output outside the rule, rendered by ``e2e_tables.two_gpus`` from the runs (synthetic numbers)."""
 
 import json
 import os
 
 import pytest
 
-from fsattn_diffusers.measure import results_tables
+from fsattn_diffusers.measure import result_files, results_tables
 from fsattn_diffusers.measure.cp_scaling_report import summarize, table_lines
 
 POLICIES = ["bf16", "sage", "mxfp8", "int8-bf16"]
@@ -43,7 +43,7 @@ def _doc(mode, *, sage_unsupported=False, bad=()):
 
 @pytest.fixture
 def root(tmp_path):
-    folder = tmp_path / results_tables.RESULTS
+    folder = tmp_path / result_files.RESULTS
     folder.mkdir(parents=True)
     files = {"cp_scaling_ulysses_h200x2.json": _doc("ulysses"), "cp_scaling_ring_h200x2.json": _doc("ring"),
              "xdit_scaling_ring_h200x2.json": _doc("ring", sage_unsupported=True, bad=("int8-bf16",))}
@@ -71,7 +71,7 @@ def test_table_has_a_column_per_policy_and_a_row_per_file_and_setting(root):
 
 
 def test_the_run_report_keeps_an_unsupported_policy_with_its_reason(root):
-    doc = json.load(open(os.path.join(root, results_tables.RESULTS, "xdit_scaling_ring_h200x2.json")))
+    doc = json.load(open(os.path.join(root, result_files.RESULTS, "xdit_scaling_ring_h200x2.json")))
     summary = summarize(doc["runs"], 2, doc["meta"]["projections"])
     ring = summary["ring"]
     assert ring["sage"]["step_s"] is None and ring["sage"]["scaling"] is None
