@@ -4,7 +4,8 @@ either Stage-A's BF16 proxy itself as the PV operand with V in BF16 (preset ``in
 
 The structure is :mod:`kernels.sm90.fused_attention_gluon_pingpong`'s (two free-running 64-row warpgroups, every wgmma
 asynchronous, the softmax of key tile j beside the PV GEMM of tile j-1, one mbarrier per K/V slot, the per-warp gate
-vote, the rare rollback); its helpers are imported from there. What differs, per key tile j:
+vote, the rare rollback); its helpers are imported from there, Stage-A and P's words from
+:mod:`kernels.sm90.gluon_int8_stage_a`. What differs, per key tile j:
 
     issue S_j = Q8 K8_j^T (s8 x s8 -> s32); issue l += P16_{j-1} @ ones; issue O += P16_{j-1} V16_{j-1}   (async)
     wait for S_j and l; scores as fp32, biased (one integer add: Xb = 1.5 2^23 + S_j), a_j = QS_row * KS_j
@@ -12,17 +13,18 @@ vote, the rare rollback); its helpers are imported from there. What differs, per
     wait for the PV GEMM; rare rollback; P16_j = two BF16 values per register, carried to iteration j+1
 
 ``PV_FP8`` (sm90_numerics differences 13, 14): Stage-A is ``ex2.approx.f32(fma(Xb, a_j, -k))`` with
-``k = fma(a_j, 1.5 2^23, m - SIGMA)`` (:func:`_fma_rows`), i.e. ``P 2^SIGMA`` with ``SIGMA = 4`` under the gate's cap
-of 4 doublings, two ``cvt.rn.satfinite.e4m3x2.f32`` per word of four E4M3 bytes (key columns in the FP8 A-fragment
-order, V8T stored to match); each tile's ``P8 @ ones`` and ``P8 V8`` go into zero accumulators and are added to ``l``
-and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32: chained across key tiles it loses the small
-later products). V8 carries one scale per channel (``VS``), applied to O's columns after ``1 / l``.
+``k = fma(a_j, 1.5 2^23, m - SIGMA)`` (:func:`~kernels.sm90.gluon_int8_stage_a._fma_rows`), i.e. ``P 2^SIGMA`` with
+``SIGMA = 4`` under the gate's cap of 4 doublings, two ``cvt.rn.satfinite.e4m3x2.f32`` per word of four E4M3 bytes (key
+columns in the FP8 A-fragment order, V8T stored to match); each tile's ``P8 @ ones`` and ``P8 V8`` go into zero
+accumulators and are added to ``l`` and O in fp32 after their wait (the FP8 wgmma's accumulation is not fp32: chained
+across key tiles it loses the small later products). V8 carries one scale per channel (``VS``), applied to O's columns
+after ``1 / l``.
 
 Stage-A with BF16 P (``EXP2``; sm90_numerics differences 10, 11, 14), one FMA per element on the biased scores, the
 bias taken off by the tile's row constant ``k`` (one FMA per row and tile, one rounding). It is written ``x a - k``:
 the compiler forms the steady tiles' Stage-A as one FFMA each but shares the product ``Xb a`` with the rollback
 re-run and rounds it first there (FMUL + FADD; 256 of the 640 clamps of the plain build), a BF16 pattern one step off
-where the two roundings differ. Written as explicit FMAs (:func:`_fma_rows`, as with FP8 P, whose E4M3 rounding of a
+where the two roundings differ. Written as explicit FMAs (``_fma_rows``, as with FP8 P, whose E4M3 rounding of a
 row's dominant weight is sensitive to it) the same instructions ran 10-11% slower with outputs bit for bit the same
 (docs/design.md, "The INT8 tiers' speed"):
 
@@ -50,193 +52,12 @@ from triton.experimental.gluon import language as gl
 from triton.experimental.gluon.language.nvidia.hopper import (fence_async_shared, mbarrier, tma, warpgroup_mma,
                                                               warpgroup_mma_wait)
 
-from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS, _words_to_fp8, a_fragment_quads
+from .fused_attention_gluon_pingpong import LN2, MAGIC, ONES_N, WG_ROWS
 from .gluon_key_loop import (_key_tile, _lowering_trigger, _record_rollback, _rollback_reference, _runs_this_launch,
                              _warp_any, _warp_vote_declare)
+from .gluon_int8_stage_a import (GRID, _mask_tail, _p_words, _row_peaks, _scores, _stage_a_again, _tile_stage_a,
+                                 _with_key_term, _words_to_p)
 from .gluon_mxfp6_p import D_BITS
-
-# 1.5 * 2^23 as fp32 bits: an int32 s < 2^22 in magnitude added to them gives the fp32 value 1.5 * 2^23 + s.
-I2F_BITS = gl.constexpr(0x4B400000)
-I2F_MAGIC = MAGIC  # their fp32 value, the Stage-A clamp constant (common.RNE_MAGIC)
-# Stage-A's grid: 2^7 steps per doubling (BF16's mantissa).
-GRID = gl.constexpr(128.0)
-# Stage-A's exponentials (the EXP2 constexpr; kernels.sm90.ops_int8.EXP2_MODE maps Recipe.exponential onto them).
-EXP2_SCHRAUDOLPH = gl.constexpr(0)
-EXP2_HW = gl.constexpr(1)
-
-
-@gluon.jit
-def _scores(s):
-    """The int32 scores as the biased fp32 values ``Xb = 1.5 * 2^23 + s`` (exact for |s| < 2^22), one integer add on
-    the bits; Stage-A's per-row constant takes the bias off (sm90_numerics difference 14)."""
-    return (s + I2F_BITS).to(gl.float32, bitcast=True)
-
-
-@gluon.jit
-def _mask_tail(x, t, n_keys, BN: gl.constexpr, scol: gl.constexpr):
-    """-inf on the columns of key tile ``t`` at or past ``n_keys`` (only the last tile has any)."""
-    if (t + 1) * BN > n_keys:
-        cols = t * BN + gl.arange(0, BN, layout=scol)
-        x = gl.where((cols < n_keys)[None, :], x, float("-inf"))
-    return x
-
-
-@gluon.jit
-def _bf16_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """The BF16 PV operand as int32 words of two patterns, shape (BM, BN // 2): per word one PRMT of the low halves
-    of two Stage-A words (element ``2 w`` in the low half)."""
-    f = gl.convert_layout(f, p_layout)
-    e0, e1 = gl.split(gl.reshape(f, [BM, BN // 2, 2]))
-    return gl.inline_asm_elementwise("prmt.b32 $0, $1, $2, 0x5410;", "=r,f,f", [e0, e1], dtype=gl.int32,
-                                     is_pure=True, pack=1)
-
-
-@gluon.jit
-def _with_key_term(x, a, b_tile, scol: gl.constexpr):
-    """Q smoothing's key term: the tile's scores in doublings, ``fma(x, a, b_j)`` with ``b_j`` (fp32) of the key tile
-    (one rounding; masked keys stay -inf). ``b_tile``: the tile's ``BN`` terms in shared memory, brought by TMA with
-    its K/V slot (:func:`_load_kv`); each thread reads the columns it holds."""
-    return (x - I2F_MAGIC) * a[:, None] + b_tile.load(scol)[None, :]
-
-
-@gluon.jit
-def _row_peaks(x, a, SCALED: gl.constexpr):
-    """The tile's row peaks in doublings: ``max(x)`` where ``x`` already is in doublings (``SCALED``: with the key
-    term), else the integer scores' maximum (unbiased, exactly) times ``a`` (per row)."""
-    if SCALED:
-        return gl.max(x, axis=1)
-    else:
-        return (gl.max(x, axis=1) - I2F_MAGIC) * a
-
-
-@gluon.jit
-def _gate_and_stage_a(x, a, c, m, EXP2: gl.constexpr, SCALED: gl.constexpr, SIGMA: gl.constexpr,
-                      PV_FP8: gl.constexpr):
-    """``(xmax, p)``: :func:`_row_peaks` and :func:`_stage_a`'s words; ``SCALED`` (Schraudolph only): ``x`` is
-    already in doublings (with the key term), so ``a`` is not applied, else ``x`` is :func:`_scores`."""
-    xmax = _row_peaks(x, a, SCALED)
-    if SCALED:
-        gl.static_assert(EXP2 == EXP2_SCHRAUDOLPH, "the exact exponential folds the key term (_tile_stage_a)")
-        p = gl.maximum(x * GRID + c[:, None], MAGIC)
-    else:
-        p = _stage_a(x, a, c, m, EXP2, SIGMA, PV_FP8)
-    return xmax, p
-
-
-@gluon.jit
-def _tile_stage_a(x, a, c, m, b_tile, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, SIGMA: gl.constexpr,
-                  PV_FP8: gl.constexpr, scol: gl.constexpr):
-    """``(xmax, p, keep)`` of one key tile from its biased scores ``x`` (:func:`_scores`): :func:`_gate_and_stage_a`,
-    and with Q smoothing's key term (``HAS_BIAS``; ``b_tile`` the tile's terms in shared memory, sm90_numerics
-    difference 12) under ``EXP2_HW`` Stage-A's argument ``z = fma(Xb, a, -k) + b_j`` (``k`` as without the term: two
-    roundings, both at the argument's magnitude; one FMA and one add per score) with the row peaks
-    ``max(z) + (m - SIGMA)``, under Schraudolph the scores in doublings (:func:`_with_key_term`) first. ``keep``: what
-    a rollback's Stage-A starts from (:func:`_stage_a_again`): the scores in doublings, or ``x`` (nothing with the
-    folded term: a rollback scales ``p``)."""
-    if HAS_BIAS:
-        if EXP2 == EXP2_HW:
-            m2 = m - SIGMA
-            z = _fma_rows(x, a, -gl.fma(a, I2F_MAGIC, m2)) + b_tile.load(scol)[None, :]
-            xmax = gl.max(z, axis=1) + m2
-            p = gl.exp2(z)
-            keep = m2  # not read
-        else:
-            keep = _with_key_term(x, a, b_tile, scol)
-            xmax, p = _gate_and_stage_a(keep, a, c, m, EXP2, True, SIGMA, PV_FP8)
-    else:
-        keep = x
-        xmax, p = _gate_and_stage_a(x, a, c, m, EXP2, False, SIGMA, PV_FP8)
-    return xmax, p, keep
-
-
-@gluon.jit
-def _stage_a_again(keep, p, a, c, m, shift, EXP2: gl.constexpr, HAS_BIAS: gl.constexpr, SIGMA: gl.constexpr,
-                   PV_FP8: gl.constexpr):
-    """Stage-A of a rolled-back tile under the new references ``m`` (``c`` their constants) from
-    :func:`_tile_stage_a`'s ``keep``; with the folded key term (``EXP2_HW``) the tile's ``p`` times ``2^-shift``,
-    ``shift`` the rows' step of the reference (an integer number of doublings, 0 on the rows that did not fire: an
-    exact scaling), else Stage-A redone."""
-    if HAS_BIAS and EXP2 == EXP2_HW:
-        p = p * gl.exp2(-shift)[:, None]
-    else:
-        p = _gate_and_stage_a(keep, a, c, m, EXP2, HAS_BIAS, SIGMA, PV_FP8)[1]
-    return p
-
-
-@gluon.jit
-def _stage_a(x, a, c, m, EXP2: gl.constexpr, SIGMA: gl.constexpr, PV_FP8: gl.constexpr):
-    """Stage-A on the scores ``x`` (:func:`_scores`) of one key tile with the row factors ``a`` and constants ``c`` /
-    references ``m`` (per row): the fp32 words whose BF16 patterns (low halves) or values (``EXP2_HW``, ``P 2^SIGMA``)
-    are P (module docstring). One FMA per element; the bias of the scores goes into the tile's row constant ``k`` (one
-    FMA per row, one rounding; sm90_numerics difference 14). FP8 P: an explicit FMA in every copy
-    (:func:`_fma_rows`); BF16 P: written ``x a - k``, which the rollback re-run may round as ``Xb a`` first (module
-    docstring)."""
-    if EXP2 == EXP2_HW:
-        k = gl.fma(a, I2F_MAGIC, m - SIGMA)
-        if PV_FP8:
-            p = gl.exp2(_fma_rows(x, a, -k))
-        else:
-            p = gl.exp2(x * a[:, None] - k[:, None])
-    else:
-        ag = a * GRID
-        k = gl.fma(ag, I2F_MAGIC, -c)
-        p = gl.maximum(x * ag[:, None] - k[:, None], MAGIC)
-    return p
-
-
-@gluon.jit
-def _fma_rows(x, f, g):
-    """``fma(x, f, g)`` with ``f``, ``g`` per row: one rounding in every copy of Stage-A. Written as ``x * f + g``,
-    the compiler shares the product ``x f`` between Stage-A and its rollback re-run and rounds it there first
-    (FMUL + FADD), which with the biased scores is a rounding at ulp(1.5 2^23 f), not at the result's ulp."""
-    x, fb = gl.broadcast(x, f[:, None])
-    x, gb = gl.broadcast(x, g[:, None])
-    return gl.fma(x, fb, gb)
-
-
-@gluon.jit
-def _e4m3_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """FP8 P: the fp32 values ``f`` (``P 2^SIGMA``) as the E4M3 PV operand, int32 words of four bytes, shape
-    (BM, BN // 4), key columns in the FP8 A-fragment order (:func:`a_fragment_quads`): two
-    ``cvt.rn.satfinite.e4m3x2.f32`` per word (nearest-even), byte ``i`` of a word P's element ``4 w + i`` in
-    ``p_layout`` order (the packing :func:`_words_to_fp8` undoes)."""
-    e0, e1, e2, e3 = a_fragment_quads(f, p_layout, BM, BN)
-    return gl.inline_asm_elementwise(
-        "{ .reg .b16 lo, hi; cvt.rn.satfinite.e4m3x2.f32 lo, $2, $1; cvt.rn.satfinite.e4m3x2.f32 hi, $4, $3; "
-        "mov.b32 $0, {lo, hi}; }", "=r,f,f,f,f", [e0, e1, e2, e3], dtype=gl.int32, is_pure=True, pack=1)
-
-
-@gluon.jit
-def _p_words(f, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, EXP2: gl.constexpr,
-             PV_FP8: gl.constexpr):
-    """:func:`_stage_a`'s words as the PV operand: :func:`_bf16_words`, or for ``EXP2_HW`` one
-    ``cvt.rn.bf16x2.f32`` per two values (element ``2 w`` in the low half); ``PV_FP8``: :func:`_e4m3_words`."""
-    if PV_FP8:
-        w = _e4m3_words(f, p_layout, BM, BN)
-    elif EXP2 == EXP2_HW:
-        e0, e1 = gl.split(gl.reshape(gl.convert_layout(f, p_layout), [BM, BN // 2, 2]))
-        w = gl.inline_asm_elementwise("cvt.rn.bf16x2.f32 $0, $2, $1;", "=r,f,f", [e0, e1], dtype=gl.int32,
-                                      is_pure=True, pack=1)
-    else:
-        w = _bf16_words(f, p_layout, BM, BN)
-    return w
-
-
-@gluon.jit
-def _words_to_bf16(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr):
-    """The inverse of :func:`_bf16_words`' packing: the (BM, BN) BF16 A operand in ``p_layout`` (no instructions)."""
-    w2 = gl.convert_layout(gl.reshape(gl.join(w, w), [BM, BN]), p_layout)
-    return gl.inline_asm_elementwise("mov.b32 $0, $1;", "=r,r,r", [w2], dtype=gl.bfloat16, is_pure=True, pack=2)
-
-
-@gluon.jit
-def _words_to_p(w, p_layout: gl.constexpr, BM: gl.constexpr, BN: gl.constexpr, PV_FP8: gl.constexpr):
-    """The PV GEMM's A operand from the carried words: :func:`_words_to_fp8` or :func:`_words_to_bf16`."""
-    if PV_FP8:
-        return _words_to_fp8(w, p_layout, BM, BN)
-    else:
-        return _words_to_bf16(w, p_layout, BM, BN)
-
 
 @gluon.jit
 def _issue_pv(pa, ones, v_tile, o, lacc, zero_o, zero_l, PV_FP8: gl.constexpr):
@@ -466,8 +287,8 @@ def fsattn_fwd_gluon_int8_kernel(q_desc, k_desc, v_desc, ones_desc, b_desc, QS, 
         :func:`kernels.sm90.fused_attention_gluon_pingpong.fsattn_fwd_gluon_pingpong_kernel`.
     EXP2 : Stage-A's exponential (``EXP2_SCHRAUDOLPH``, ``EXP2_HW``; module docstring).
     b_desc, HAS_BIAS : of Q smoothing's per-key term (B*H*SKP) fp32 in doublings, block (BN), brought with each K/V
-        slot and added before the gate and Stage-A (:func:`_tile_stage_a`, sm90_numerics difference 12); without
-        ``HAS_BIAS`` any fp32 descriptor of that block (not read).
+        slot and added before the gate and Stage-A (:func:`~kernels.sm90.gluon_int8_stage_a._tile_stage_a`,
+        sm90_numerics difference 12); without ``HAS_BIAS`` any fp32 descriptor of that block (not read).
     TSEL, TERM_SEL : (``TERM_SEL``) (B*H) int32, Q smoothing's per-slice switch. The host launches the kernel twice,
         ``HAS_BIAS`` False then True; a program whose slice has ``TSEL != 0`` unequal to ``HAS_BIAS`` returns before
         any work, so a slice the switch leaves out runs the loop without the key term.

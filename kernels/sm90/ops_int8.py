@@ -20,7 +20,7 @@ from .prepass_int8 import prepare_qk_int8, prepare_v_bf16
 from ..token_mean import token_mean
 
 #: Stage-A's exponential per Recipe.exponential: the kernel's EXP2 values (EXP2_SCHRAUDOLPH, EXP2_HW of
-#: kernels.sm90.fused_attention_gluon_int8, which imports Triton).
+#: kernels.sm90.gluon_int8_stage_a, which imports Triton).
 EXP2_MODE = {Exponential.SCHRAUDOLPH: 0, Exponential.EXACT: 1}
 # K/V pipeline slots (K8 16 KB + V16 32 KB, or V8T 16 KB, per slot at D = 128; 4 slots: the kernel alone 3.4-5.6%
 # faster than with 3 at the paper and Wan2.2 shapes, H100, outputs bit for bit the same) and registers of the worker
