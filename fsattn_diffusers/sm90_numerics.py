@@ -318,12 +318,11 @@ def stage_a_biased(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int
     The fp32 FMAs are computed in float64, where ``Xb a`` (24 x 24 bits) and the difference with the constant are
     exact, and rounded to float32 once, as the FMA rounds.
     """
+    if exact:
+        return torch.nan_to_num(torch.exp2(_exact_argument(s, a, m, sigma)), nan=0.0)
     xb = s.double() + I2F_MAGIC
     a64 = a.double()
     m64 = m.double()[..., None]
-    if exact:
-        const = (a64 * I2F_MAGIC + (m64 - sigma)).float().double()
-        return torch.nan_to_num(torch.exp2((xb * a64 - const).float()), nan=0.0)
     grid = 128.0  # the BF16 pattern's steps per doubling
     c = (I2F_MAGIC + D_BITS + grid * sigma) - grid * m64  # the unbiased constant (exact: m is on the grid)
     const = (grid * a64 * I2F_MAGIC - c).float().double()
@@ -342,10 +341,17 @@ def stage_a_argument_key_term(s: torch.Tensor, a: torch.Tensor, b: torch.Tensor,
     """Difference 12 with the exact exponential: Stage-A's argument ``z = float32(float32(Xb a - C) + b_j)`` with
     ``Xb = 1.5 2^23 + s`` and ``C = float32(a 1.5 2^23 + (m - sigma))`` (difference 14's FMA, then the term), so that
     ``2^z`` is ``P 2^sigma``. ``s``, ``a`` (..., rows, keys), ``b`` (..., 1, keys), ``m`` (..., rows) float32."""
+    return (_exact_argument(s, a, m, sigma).double() + b.double()).float()
+
+
+def _exact_argument(s: torch.Tensor, a: torch.Tensor, m: torch.Tensor, sigma: int) -> torch.Tensor:
+    """Difference 14 with the exact exponential: Stage-A's argument ``float32(Xb a - C)`` (one FMA) with
+    ``Xb = 1.5 2^23 + s`` and the row constant ``C = float32(a 1.5 2^23 + (m - sigma))``; in float64 the product and
+    the difference are exact, so one rounding to float32, as the FMA's."""
     xb = s.double() + I2F_MAGIC
     a64 = a.double()
     const = (a64 * I2F_MAGIC + (m.double()[..., None] - sigma)).float().double()
-    return ((xb * a64 - const).float().double() + b.double()).float()
+    return (xb * a64 - const).float()
 
 
 def _proxy_values(t: torch.Tensor, saturate: bool, f16: bool) -> torch.Tensor:
