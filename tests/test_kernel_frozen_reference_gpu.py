@@ -67,7 +67,7 @@ def test_an_attention_sink_lowers_the_reference_as_the_reference_does(recipe, va
     assert abs(int(st[0]) - ref_st["rollbacks"]) <= slack
     if get_recipe(recipe).rollback_floor_log2 is not None:
         assert int(st[0]) > 0 and ref_st["rollbacks"] > 0
-        if not CPU_INTERPRET:  # 5.6% without the lowering at S_k = 8192 (benchmarks/results/sink_diagnosis_h200.txt)
+        if not CPU_INTERPRET:  # 5.6% without the lowering at S_k = 8192 (docs/design.md, "The lowering gate")
             assert e_k < KERNEL_SINK_ERR_MAX
 
 

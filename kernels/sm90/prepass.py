@@ -47,9 +47,9 @@ QK_STAGES_E2M1 = 1
 # Registers per thread (ptxas ``maxnreg``; None: no cap) of the Q/K pre-pass and of the MX V quantization kernel. 128
 # keeps two 8-warp programs per SM where K with its mean and the non-finite flags took 160-182 registers (offline
 # sm_90a, the runtime's unit-stride specialization; 4-80 spilled bytes at the cap), MX V 220 for MXFP4. H200, paper shape:
-# K 0.308 -> 0.231 ms (mxfp8), 0.297 -> 0.215 (mxfp6), 0.349 -> 0.263 (mxfp4); MXFP4 V 0.592 -> 0.512
-# (benchmarks/results/prepass_formats_h200.txt). The per-tensor V kernel (80 registers) is left uncapped: capped it took
-# 0.200 instead of 0.176 ms (benchmarks/results/kernel_probes_h200/prepass_v_cap_mxfp8.txt).
+# K 0.308 -> 0.231 ms (mxfp8), 0.297 -> 0.215 (mxfp6), 0.349 -> 0.263 (mxfp4); MXFP4 V 0.592 -> 0.512 (record
+# prepass_formats_h200.txt, docs/design.md "The pre-pass"). The per-tensor V kernel (80 registers) is left uncapped:
+# capped it took 0.200 instead of 0.176 ms (record kernel_probes_h200/prepass_v_cap_mxfp8.txt).
 QK_MAX_REGS = 128
 V_MAX_REGS = 128
 # MX element rounding by the short forms (_round_elems: E2M3 by the hardware E4M3 cast on a GPU, E2M1 on the fp32 bits)
